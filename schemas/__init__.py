@@ -1,0 +1,1 @@
+"""Wire models, error codes and settings shared by every laneway process."""

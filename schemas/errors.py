@@ -1,0 +1,83 @@
+"""laneway's one error tree. Every error knows its wire code, whether the
+client may retry, and whether the offending record belongs on the DLQ.
+
+    LanewayError
+    ├── InvalidRequest        INF-400   fix the request; record goes to the DLQ
+    ├── RateLimited           INF-429   retry after ``retry_after_ms``
+    ├── BackendUnavailable    INF-502   model failed to load / backend unreachable
+    ├── DeadlineExceeded      INF-503   deadline passed or inference timed out
+    ├── OutOfMemory           MEM-ERR   out of memory, even after splitting the batch
+    └── CudaFailure           CUDA-ERR  GPU driver / CUDA failure
+
+Foreign exceptions are translated at the boundary (see
+``workers.backends.base.map_backend_exception``) with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "BackendUnavailable",
+    "CudaFailure",
+    "DeadlineExceeded",
+    "ErrorCode",
+    "InvalidRequest",
+    "LanewayError",
+    "OutOfMemory",
+    "RateLimited",
+]
+
+
+class ErrorCode(StrEnum):
+    INVALID_REQUEST = "INF-400"
+    RATE_LIMITED = "INF-429"
+    BACKEND_UNAVAILABLE = "INF-502"
+    DEADLINE_EXCEEDED = "INF-503"
+    OUT_OF_MEMORY = "MEM-ERR"
+    CUDA_FAILURE = "CUDA-ERR"
+
+
+class LanewayError(Exception):
+    """Base of every error laneway reports to a client."""
+
+    code: ErrorCode = ErrorCode.BACKEND_UNAVAILABLE
+    retryable: bool = True
+    to_dlq: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code}: {self.message!r})"
+
+
+class InvalidRequest(LanewayError):
+    code = ErrorCode.INVALID_REQUEST
+    retryable = False
+    to_dlq = True
+
+
+class RateLimited(LanewayError):
+    code = ErrorCode.RATE_LIMITED
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
+class BackendUnavailable(LanewayError):
+    code = ErrorCode.BACKEND_UNAVAILABLE
+
+
+class DeadlineExceeded(LanewayError):
+    code = ErrorCode.DEADLINE_EXCEEDED
+
+
+class OutOfMemory(LanewayError):
+    code = ErrorCode.OUT_OF_MEMORY
+
+
+class CudaFailure(LanewayError):
+    code = ErrorCode.CUDA_FAILURE

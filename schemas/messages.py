@@ -1,0 +1,293 @@
+"""Wire models: JSON, UTF-8, ``schema_version: 1`` (see DESIGN.md, "Messages").
+
+Models are strict at the edge (``extra="forbid"``) and immutable once built.
+Size limits that operators tune live in settings and are applied by
+``parse_request``; the models only carry the shape.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from schemas.errors import ErrorCode, InvalidRequest, LanewayError
+
+__all__ = [
+    "ChatMessage",
+    "ErrorInfo",
+    "Feedback",
+    "InferenceRequest",
+    "InferenceResult",
+    "Lane",
+    "Path",
+    "QualityEvent",
+    "RequestLimits",
+    "RoutedRequest",
+    "Timings",
+    "Usage",
+    "parse_request",
+    "peek_reply_address",
+]
+
+
+class Lane(StrEnum):
+    REALTIME = "realtime"
+    MEDIUM = "medium"
+    BULK = "bulk"
+
+
+class Path(StrEnum):
+    """Ways to answer a request, fastest first."""
+
+    CACHE = "cache"
+    RULES = "rules"
+    LIGHT = "light"
+    HEAVY = "heavy"
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ChatMessage(WireModel):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class InferenceRequest(WireModel):
+    schema_version: Literal[1] = 1
+    id: str = Field(min_length=1)
+    tenant: str | None = None
+    session_id: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    max_tokens: int = 128
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    deadline_ms: int | None = Field(default=None, ge=1)
+    lane: Lane | None = None
+    reply_to: str | None = None
+    batch_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_of_prompt_or_messages(self) -> InferenceRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' or 'messages' must be set")
+        if self.messages is not None and not self.messages:
+            raise ValueError("'messages' must not be empty")
+        return self
+
+    def text_bytes(self) -> int:
+        """UTF-8 size of the text a model would read."""
+        if self.prompt is not None:
+            return len(self.prompt.encode())
+        return sum(len(m.content.encode()) for m in self.messages or ())
+
+    def user_text(self) -> str:
+        """The text the request asks about: the prompt, or the last user turn."""
+        if self.prompt is not None:
+            return self.prompt
+        users = [m.content for m in self.messages or () if m.role == "user"]
+        return users[-1] if users else ""
+
+    def chat(self) -> list[ChatMessage]:
+        """The request as an OpenAI-style chat list."""
+        if self.messages is not None:
+            return list(self.messages)
+        return [ChatMessage(role="user", content=self.prompt or "")]
+
+    def partition_key(self) -> bytes:
+        return (self.session_id or self.id).encode()
+
+
+class RequestLimits(WireModel):
+    """Edge limits; filled from ``Settings.limits``."""
+
+    max_text_bytes: int = 64 * 1024
+    max_tokens_min: int = 1
+    max_tokens_max: int = 4096
+    max_id_chars: int = 128
+    reply_prefix: str = "laneway.replies"
+
+
+def parse_request(raw: bytes, limits: RequestLimits) -> InferenceRequest:
+    """Decode and validate one request record, or raise ``InvalidRequest``
+    with a message that says what to fix."""
+    try:
+        request = InferenceRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in exc.errors()
+        )
+        raise InvalidRequest(f"invalid request: {problems}") from exc
+    if len(request.id) > limits.max_id_chars:
+        raise InvalidRequest(f"id is {len(request.id)} characters, limit {limits.max_id_chars}")
+    size = request.text_bytes()
+    if size > limits.max_text_bytes:
+        raise InvalidRequest(f"request text is {size} bytes, limit {limits.max_text_bytes}")
+    if not limits.max_tokens_min <= request.max_tokens <= limits.max_tokens_max:
+        raise InvalidRequest(
+            f"max_tokens={request.max_tokens} outside "
+            f"{limits.max_tokens_min}..{limits.max_tokens_max}"
+        )
+    if request.reply_to is not None and not _is_reply_topic(request.reply_to, limits.reply_prefix):
+        raise InvalidRequest(
+            f"reply_to={request.reply_to!r} must be {limits.reply_prefix!r} "
+            f"or start with {limits.reply_prefix + '.'!r}"
+        )
+    return request
+
+
+def _is_reply_topic(topic: str, prefix: str) -> bool:
+    if topic == prefix:
+        return True
+    suffix = topic.removeprefix(prefix + ".")
+    return suffix != topic and bool(suffix) and all(c.isalnum() or c in "._-" for c in suffix)
+
+
+def peek_reply_address(raw: bytes, limits: RequestLimits) -> tuple[str, str] | None:
+    """Best effort for a record that failed validation: its id and a safe
+    reply topic, so the client still hears why. ``None`` when the id cannot be
+    read. A foreign ``reply_to`` is never used: the default reply topic is."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    request_id = data.get("id")
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= limits.max_id_chars:
+        return None
+    reply_to = data.get("reply_to")
+    if isinstance(reply_to, str) and _is_reply_topic(reply_to, limits.reply_prefix):
+        return request_id, reply_to
+    return request_id, limits.reply_prefix
+
+
+class RoutedRequest(WireModel):
+    """What the classifier puts on a lane topic."""
+
+    schema_version: Literal[1] = 1
+    request: InferenceRequest
+    lane: Lane
+    path: Path
+    reply_to: str
+    produced_at_ms: int
+    routed_at_ms: int
+    deadline_at_ms: int | None = None
+
+    def remaining_ms(self, now_ms: int) -> float | None:
+        return None if self.deadline_at_ms is None else self.deadline_at_ms - now_ms
+
+
+class Usage(WireModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Timings(WireModel):
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+    total_ms: float = 0.0
+    batch_size: int = 1
+
+
+class ErrorInfo(WireModel):
+    code: ErrorCode
+    message: str
+    retryable: bool
+    retry_after_ms: int | None = None
+
+    @classmethod
+    def from_error(cls, error: LanewayError) -> ErrorInfo:
+        return cls(
+            code=error.code,
+            message=error.message,
+            retryable=error.retryable,
+            retry_after_ms=getattr(error, "retry_after_ms", None),
+        )
+
+
+class InferenceResult(WireModel):
+    schema_version: Literal[1] = 1
+    id: str
+    status: Literal["ok", "error"]
+    output: str | None = None
+    error: ErrorInfo | None = None
+    lane: Lane | None = None
+    path: Path | None = None
+    model: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    timings: Timings = Field(default_factory=Timings)
+    batch_id: str | None = None
+
+    @classmethod
+    def failure(
+        cls,
+        request_id: str,
+        error: LanewayError,
+        *,
+        lane: Lane | None = None,
+        path: Path | None = None,
+        model: str | None = None,
+        timings: Timings | None = None,
+        batch_id: str | None = None,
+    ) -> InferenceResult:
+        return cls(
+            id=request_id,
+            status="error",
+            error=ErrorInfo.from_error(error),
+            lane=lane,
+            path=path,
+            model=model,
+            timings=timings or Timings(),
+            batch_id=batch_id,
+        )
+
+
+class QualityEvent(WireModel):
+    """One per terminal result; the router's live record is built from these."""
+
+    schema_version: Literal[1] = 1
+    id: str
+    tenant: str | None = None
+    lane: Lane | None = None
+    path: Path | None = None
+    model: str | None = None
+    success: bool
+    error_code: ErrorCode | None = None
+    latency_ms: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    cache_hit: bool = False
+    ts_ms: int
+
+    @classmethod
+    def of(cls, result: InferenceResult, *, tenant: str | None, ts_ms: int) -> QualityEvent:
+        return cls(
+            id=result.id,
+            tenant=tenant,
+            lane=result.lane,
+            path=result.path,
+            model=result.model,
+            success=result.status == "ok",
+            error_code=result.error.code if result.error else None,
+            latency_ms=result.timings.total_ms,
+            prompt_tokens=result.usage.prompt_tokens,
+            completion_tokens=result.usage.completion_tokens,
+            cache_hit=result.path == Path.CACHE,
+            ts_ms=ts_ms,
+        )
+
+
+class Feedback(WireModel):
+    """A client's verdict on one answer: +1 good, -1 bad, anything between."""
+
+    schema_version: Literal[1] = 1
+    request_id: str = Field(min_length=1)
+    score: float = Field(ge=-1.0, le=1.0)
+    comment: str | None = None

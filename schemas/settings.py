@@ -1,0 +1,200 @@
+"""One frozen settings object per process, built once in ``main()`` and
+passed down. Every field reads an environment variable; the sub-settings
+each own a prefix (``LANEWAY_KAFKA_BOOTSTRAP``, ``LANEWAY_REDIS_URL``,
+``LANEWAY_REALTIME_MAX_BATCH_SIZE``, ...). Nothing below ``main()`` reads the
+environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path as FsPath
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.messages import Lane, RequestLimits
+
+__all__ = [
+    "BackendSettings",
+    "KafkaSettings",
+    "LaneSettings",
+    "LimitsSettings",
+    "RedisSettings",
+    "RoutingSettings",
+    "Settings",
+]
+
+
+def _config(prefix: str) -> SettingsConfigDict:
+    return SettingsConfigDict(env_prefix=prefix, frozen=True, extra="ignore")
+
+
+class KafkaSettings(BaseSettings):
+    model_config = _config("LANEWAY_KAFKA_")
+
+    bootstrap: str = "127.0.0.1:9092"
+    """Comma-separated ``host:port`` list of the Kafka-protocol brokers."""
+    topic_prefix: str = "laneway"
+    """Every topic name starts with this (``laneway.requests``, ...)."""
+    partitions: int = Field(default=4, ge=1)
+    """Partitions of the request, lane and output topics (and faust's changelogs)."""
+    replication_factor: int = Field(default=1, ge=1)
+    enable_idempotence: bool = False
+    """Idempotent producer. On for Apache Kafka; Tansu's memory engine rejects
+    InitProducerId, so the embedded default keeps it off."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    request_timeout_ms: int = Field(default=30_000, ge=1_000)
+
+    def client_options(self) -> dict[str, object]:
+        """Connection options shared by every aiokafka client."""
+        options: dict[str, object] = {
+            "bootstrap_servers": self.bootstrap,
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+        }
+        if self.sasl_mechanism:
+            options["sasl_mechanism"] = self.sasl_mechanism
+            options["sasl_plain_username"] = self.sasl_username
+            options["sasl_plain_password"] = (
+                self.sasl_password.get_secret_value() if self.sasl_password else None
+            )
+        return options
+
+
+class RedisSettings(BaseSettings):
+    model_config = _config("LANEWAY_REDIS_")
+
+    url: str = "redis://127.0.0.1:6379/0"
+    """Redis or Valkey URL; ``laneway up`` starts an embedded Valkey when unset."""
+
+
+class LaneSettings(BaseSettings):
+    """How one lane's workers batch. Realtime is small and short, bulk large and long."""
+
+    model_config = _config("LANEWAY_LANE_")
+
+    max_batch_size: int = Field(default=8, ge=1, le=1024)
+    """Most requests run together in one batch."""
+    max_wait_ms: int = Field(default=50, ge=0, le=60_000)
+    """Longest a batch waits to fill after its first request arrives."""
+
+
+class RealtimeLaneSettings(LaneSettings):
+    model_config = _config("LANEWAY_REALTIME_")
+    max_batch_size: int = Field(default=4, ge=1, le=1024)
+    max_wait_ms: int = Field(default=10, ge=0, le=60_000)
+
+
+class MediumLaneSettings(LaneSettings):
+    model_config = _config("LANEWAY_MEDIUM_")
+    max_batch_size: int = Field(default=8, ge=1, le=1024)
+    max_wait_ms: int = Field(default=50, ge=0, le=60_000)
+
+
+class BulkLaneSettings(LaneSettings):
+    model_config = _config("LANEWAY_BULK_")
+    max_batch_size: int = Field(default=32, ge=1, le=1024)
+    max_wait_ms: int = Field(default=500, ge=0, le=60_000)
+
+
+class LimitsSettings(BaseSettings):
+    model_config = _config("LANEWAY_LIMITS_")
+
+    max_text_bytes: int = Field(default=64 * 1024, ge=1)
+    """Largest prompt (or sum of message contents) in UTF-8 bytes."""
+    max_tokens_min: int = Field(default=1, ge=1)
+    max_tokens_max: int = Field(default=4096, ge=1)
+    max_id_chars: int = Field(default=128, ge=1)
+    max_record_bytes: int = Field(default=256 * 1024, ge=1024)
+    """Records larger than this are refused before JSON decoding."""
+
+    @model_validator(mode="after")
+    def _range(self) -> LimitsSettings:
+        if self.max_tokens_min > self.max_tokens_max:
+            raise ValueError(
+                f"max_tokens_min={self.max_tokens_min} > max_tokens_max={self.max_tokens_max}"
+            )
+        return self
+
+
+class RoutingSettings(BaseSettings):
+    """The first, simple lane/path policy (``streams.policy``)."""
+
+    model_config = _config("LANEWAY_ROUTING_")
+
+    light_max_prompt_tokens: int = Field(default=48, ge=1)
+    """Prompts estimated above this many tokens go to the heavy model."""
+    realtime_max_deadline_ms: int = Field(default=3_000, ge=1)
+    """A request whose deadline is at most this goes to the realtime lane."""
+    rules_enabled: bool = True
+
+
+class BackendSettings(BaseSettings):
+    """Which backend serves each model path, and how it is reached."""
+
+    model_config = _config("LANEWAY_BACKEND_")
+
+    light: Literal["llamacpp", "openai", "vllm", "rules"] = "llamacpp"
+    light_model: str = "smollm2-135m"
+    heavy: Literal["llamacpp", "openai", "vllm", "rules"] = "llamacpp"
+    heavy_model: str = "gemma3-270m"
+    model_dir: FsPath = FsPath.home() / ".cache" / "laneway" / "models"
+    """Where models assembled from wheels (Gemma's chunks) are written once."""
+    n_threads: int = Field(default=2, ge=1)
+    """llama.cpp threads per model."""
+    n_ctx: int = Field(default=2048, ge=256)
+    openai_base_url: str = "http://127.0.0.1:8000/v1"
+    """An OpenAI-compatible server, e.g. ``vllm serve`` or ``llama_cpp.server``."""
+    openai_api_key: SecretStr = SecretStr("none")
+    openai_timeout_s: float = Field(default=60.0, gt=0)
+    vllm_gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
+    load_retry_s: float = Field(default=30.0, ge=0)
+    """After a failed model load, requests get INF-502 until this much time has passed."""
+
+
+class Settings(BaseSettings):
+    """Everything one laneway process needs."""
+
+    model_config = _config("LANEWAY_")
+
+    app_id: str = "laneway"
+    """faust application id and consumer-group stem."""
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=9400, ge=0, le=65535)
+    """Serves /metrics, /healthz and /readyz (0 disables)."""
+    log_level: str = "INFO"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    backend: BackendSettings = Field(default_factory=BackendSettings)
+    realtime: LaneSettings = Field(default_factory=RealtimeLaneSettings)
+    medium: LaneSettings = Field(default_factory=MediumLaneSettings)
+    bulk: LaneSettings = Field(default_factory=BulkLaneSettings)
+
+    def lane(self, lane: Lane) -> LaneSettings:
+        return {Lane.REALTIME: self.realtime, Lane.MEDIUM: self.medium, Lane.BULK: self.bulk}[lane]
+
+    def topic(self, name: str) -> str:
+        """Full topic name: ``topic("requests") == "laneway.requests"``."""
+        return f"{self.kafka.topic_prefix}.{name}"
+
+    def lane_topic(self, lane: Lane) -> str:
+        return self.topic(f"lane.{lane.value}")
+
+    @property
+    def replies_topic(self) -> str:
+        return self.topic("replies")
+
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(
+            max_text_bytes=self.limits.max_text_bytes,
+            max_tokens_min=self.limits.max_tokens_min,
+            max_tokens_max=self.limits.max_tokens_max,
+            max_id_chars=self.limits.max_id_chars,
+            reply_prefix=self.replies_topic,
+        )

@@ -1,0 +1,1 @@
+"""The faust app, topic registry, classifier, client SDK, embedded stack and CLI."""

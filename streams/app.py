@@ -1,0 +1,128 @@
+"""The faust application and its classifier agent.
+
+The agent is thin: it turns each event into a ``SourceRecord``, calls the
+pure ``classify_record`` and produces what it returns, waiting for the
+broker's acknowledgement before the event is acked (at-least-once).
+Concurrency stays 1 per agent: with more, faust can commit past a message
+still in flight (faust #606); scale by partitions instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import faust
+
+from schemas.errors import BackendUnavailable
+from schemas.settings import Settings
+from streams.classifier import Classified, SourceRecord, classify_record
+from streams.envelopes import Outbound, dlq_record
+from streams.ops import LATENCY, RECORDS, RESULTS, ProcessState
+from streams.rules import RuleBook
+
+__all__ = ["build_app"]
+
+log = logging.getLogger(__name__)
+
+
+def _faust_broker_options(settings: Settings) -> dict[str, Any]:
+    kafka = settings.kafka
+    options: dict[str, Any] = {
+        "broker": [f"kafka://{hostport.strip()}" for hostport in kafka.bootstrap.split(",")],
+    }
+    if kafka.sasl_mechanism:
+        options["broker_credentials"] = faust.SASLCredentials(
+            username=kafka.sasl_username,
+            password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
+            mechanism=kafka.sasl_mechanism,
+        )
+    return options
+
+
+def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = None) -> faust.App:
+    rules = rules or RuleBook()
+    app = faust.App(
+        settings.app_id,
+        store="memory://",
+        topic_partitions=settings.kafka.partitions,
+        topic_replication_factor=settings.kafka.replication_factor,
+        topic_allow_declare=False,  # the registry created every topic up front
+        web_enabled=False,  # /metrics, /healthz, /readyz come from streams.ops
+        producer_acks=-1,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_every=100,
+        broker_commit_interval=1.0,
+        **_faust_broker_options(settings),
+    )
+    requests = app.topic(
+        settings.topic("requests"),
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+
+    async def send_all(records: list[Outbound]) -> None:
+        pending = [
+            await app.send(
+                r.topic,
+                key=r.key,
+                value=r.value,
+                headers=list(r.headers),
+                key_serializer="raw",
+                value_serializer="raw",
+            )
+            for r in records
+        ]
+        for fut in pending:
+            await fut
+
+    @app.agent(requests, concurrency=1)
+    async def classify(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            message = event.message
+            record = SourceRecord(
+                value=event.value,
+                key=event.key,
+                timestamp_ms=int(message.timestamp * 1000),
+                topic=message.topic,
+                partition=message.partition,
+                offset=message.offset,
+            )
+            now_ms = int(time.time() * 1000)
+            try:
+                classified = classify_record(record, now_ms=now_ms, settings=settings, rules=rules)
+            except Exception as exc:  # a bug must not stall the partition
+                log.exception("classifier failed on %s:%s", record.topic, record.offset)
+                error = BackendUnavailable(f"classifier error: {type(exc).__name__}: {exc}")
+                dlq = dlq_record(
+                    record.value or b"",
+                    record.key,
+                    error,
+                    source_topic=record.topic,
+                    source_offset=record.offset,
+                    settings=settings,
+                )
+                classified = Classified("rejected", [dlq])
+            await send_all(classified.records)
+            _observe(classified, now_ms - record.timestamp_ms)
+
+    @app.on_partitions_assigned.connect
+    async def _assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        state.ready = True
+        state.detail = f"classifying {len(assigned)} partitions"
+
+    return app
+
+
+def _observe(classified: Classified, age_ms: int) -> None:
+    RECORDS.labels("classifier", classified.outcome).inc()
+    if classified.outcome in ("answered", "expired"):
+        lane = str(classified.lane or "none")
+        path = str(classified.path or "none")
+        status = "ok" if classified.outcome == "answered" else "error"
+        code = "" if status == "ok" else "INF-503"
+        RESULTS.labels(lane, path, status, code).inc()
+        LATENCY.labels(lane, path).observe(age_ms / 1000)

@@ -1,0 +1,178 @@
+"""The ``laneway`` command. Settings are built once here, from the
+environment (``LANEWAY_*``) plus the command's flags, and passed down."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from schemas.messages import Lane
+from schemas.settings import Settings
+
+__all__ = ["main"]
+
+log = logging.getLogger("laneway")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="laneway", description=__doc__)
+    parser.add_argument("--bootstrap", help="Kafka bootstrap (overrides LANEWAY_KAFKA_BOOTSTRAP)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    topics = sub.add_parser("topics", help="manage the topic registry")
+    topics.add_argument("action", choices=["create", "list"])
+
+    sub.add_parser("classifier", help="run the classifier agent (faust)")
+
+    worker = sub.add_parser("worker", help="run one lane worker")
+    worker.add_argument("--lane", required=True, choices=[lane.value for lane in Lane])
+    worker.add_argument("--drain-s", type=float, default=30.0, help="grace for the batch in flight on SIGTERM")
+
+    up = sub.add_parser("up", help="embedded broker + Redis + classifier + workers, supervised")
+    up.add_argument("--kafka-port", type=int, default=None, help="embedded broker port (default: free)")
+    up.add_argument("--redis-port", type=int, default=None, help="embedded Valkey port (default: free)")
+    up.add_argument("--http-port-base", type=int, default=9400, help="classifier port; workers follow")
+
+    ask = sub.add_parser("ask", help="ask one question through a running stack")
+    ask.add_argument("prompt")
+    ask.add_argument("--lane", choices=[lane.value for lane in Lane])
+    ask.add_argument("--deadline-ms", type=int)
+    ask.add_argument("--max-tokens", type=int, default=64)
+    ask.add_argument("--timeout-s", type=float, default=120.0)
+
+    bench = sub.add_parser("bench", help="drive a mixed workload and print latency/throughput")
+    bench.add_argument("-n", "--requests", type=int, default=120)
+    bench.add_argument("--embedded", action="store_true", help="start an embedded stack for the run")
+    bench.add_argument("--max-tokens", type=int, default=16)
+    bench.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
+
+    sub.add_parser("demo", help="start the embedded stack, ask a question on every lane, stop")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = Settings()
+    if args.bootstrap:
+        settings = settings.model_copy(
+            update={"kafka": settings.kafka.model_copy(update={"bootstrap": args.bootstrap})}
+        )
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    return int(_COMMANDS[args.command](settings, args) or 0)
+
+
+def _topics(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.topics import create_topics, topic_specs, wait_for_broker
+
+    if args.action == "list":
+        for spec in topic_specs(settings):
+            print(f"{spec.name:40} {spec.partitions:3}  {spec.purpose}")
+        return 0
+
+    async def create() -> None:
+        await wait_for_broker(settings)
+        for spec in await create_topics(settings):
+            print(f"{spec.name} ({spec.partitions} partitions)")
+
+    asyncio.run(create())
+    return 0
+
+
+def _classifier(settings: Settings, args: argparse.Namespace) -> int:
+    import faust
+
+    from streams.app import build_app
+    from streams.ops import OpsServer, ProcessState
+
+    state = ProcessState()
+    ops = OpsServer(settings.http_host, settings.http_port, state).start() if settings.http_port else None
+    app = build_app(settings, state)
+    worker = faust.Worker(app, loglevel=settings.log_level, override_logging=False)
+    try:
+        worker.execute_from_commandline()  # returns through SystemExit on stop
+    finally:
+        if ops is not None:
+            ops.close()
+    return 0
+
+
+def _worker(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.ops import OpsServer, ProcessState
+    from workers.lane_worker import serve_lane
+
+    state = ProcessState()
+    ops = OpsServer(settings.http_host, settings.http_port, state).start() if settings.http_port else None
+    try:
+        asyncio.run(serve_lane(settings, Lane(args.lane), state, args.drain_s))
+    finally:
+        if ops is not None:
+            ops.close()
+    return 0
+
+
+def _up(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.supervisor import Stack
+
+    stack = Stack(
+        settings,
+        kafka_port=args.kafka_port,
+        redis_port=args.redis_port,
+        use_external_redis="url" in settings.redis.model_fields_set,
+        http_port_base=args.http_port_base,
+    )
+    try:
+        stack.start()
+        print("laneway is up; Ctrl-C stops it", flush=True)
+        stack.run()
+    finally:
+        stack.stop()
+    return 0
+
+
+def _ask(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.client import LanewayClient, result_summary
+
+    async def ask() -> int:
+        async with LanewayClient(settings.kafka) as client:
+            fields = {"max_tokens": args.max_tokens}
+            if args.lane:
+                fields["lane"] = args.lane
+            if args.deadline_ms:
+                fields["deadline_ms"] = args.deadline_ms
+            result = await client.ask(args.prompt, timeout_s=args.timeout_s, **fields)
+            print(result_summary(result))
+            return 0 if result.status == "ok" else 1
+
+    return asyncio.run(ask())
+
+
+def _bench(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.bench import run_bench
+
+    return run_bench(settings, args)
+
+
+def _demo(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.demo import run_demo
+
+    return run_demo(settings)
+
+
+_COMMANDS = {
+    "topics": _topics,
+    "classifier": _classifier,
+    "worker": _worker,
+    "up": _up,
+    "ask": _ask,
+    "bench": _bench,
+    "demo": _demo,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

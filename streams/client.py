@@ -1,0 +1,189 @@
+"""Async client SDK: submit requests, get their results.
+
+    async with LanewayClient(kafka_settings) as client:
+        result = await client.ask("Where is my order?", deadline_ms=2000)
+
+Each client reads its own reply topic (``laneway.replies.<client id>`` by
+default) from the end, by manual assignment (no consumer group), and matches
+replies to requests by id. A duplicate reply, which at-least-once delivery
+can produce after a redelivery, is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from schemas.messages import InferenceRequest, InferenceResult
+from schemas.settings import KafkaSettings
+
+__all__ = ["LanewayClient"]
+
+log = logging.getLogger(__name__)
+
+
+class LanewayClient:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        *,
+        client_id: str | None = None,
+        reply_to: str | None = None,
+        remember: int = 100_000,
+    ) -> None:
+        self.kafka = kafka
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
+        self.reply_to = reply_to or f"{kafka.topic_prefix}.replies.{self.client_id}"
+        self.duplicates = 0
+        self._requests_topic = f"{kafka.topic_prefix}.requests"
+        self._pending: dict[str, asyncio.Future[InferenceResult]] = {}
+        self._done: OrderedDict[str, None] = OrderedDict()
+        self._remember = remember
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LanewayClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        options = self.kafka.client_options()
+        await self._ensure_reply_topic(options)
+        self._producer = AIOKafkaProducer(
+            acks="all", enable_idempotence=self.kafka.enable_idempotence, **options  # type: ignore[arg-type]
+        )
+        await self._producer.start()
+        self._consumer = AIOKafkaConsumer(enable_auto_commit=False, **options)  # type: ignore[arg-type]
+        await self._consumer.start()
+        partitions = await self._partitions(self.reply_to)
+        self._consumer.assign(partitions)
+        await self._consumer.seek_to_end(*partitions)
+        for tp in partitions:  # resolve positions now, so no reply is missed
+            await self._consumer.position(tp)
+        self._reader = asyncio.create_task(self._read_replies())
+
+    async def _ensure_reply_topic(self, options: dict[str, Any]) -> None:
+        admin = AIOKafkaAdminClient(**options)  # type: ignore[arg-type]
+        await admin.start()
+        try:
+            if self.reply_to not in await admin.list_topics():
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    await admin.create_topics(
+                        [
+                            NewTopic(
+                                self.reply_to,
+                                num_partitions=self.kafka.partitions,
+                                replication_factor=self.kafka.replication_factor,
+                            )
+                        ]
+                    )
+        finally:
+            await admin.close()
+
+    async def _partitions(self, topic: str) -> list[TopicPartition]:
+        assert self._consumer is not None
+        for _ in range(100):
+            found = self._consumer.partitions_for_topic(topic)
+            if found:
+                return [TopicPartition(topic, p) for p in sorted(found)]
+            await self._consumer._client.force_metadata_update()  # noqa: SLF001
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"reply topic {topic} has no partitions")
+
+    async def submit(self, request: InferenceRequest | dict[str, Any]) -> asyncio.Future[InferenceResult]:
+        """Produce a request; the future resolves with its result."""
+        if self._producer is None:
+            raise RuntimeError("client not started")
+        if isinstance(request, dict):
+            request = InferenceRequest.model_validate({"reply_to": self.reply_to, **request})
+        future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
+        self._pending[request.id] = future
+        try:
+            await self._producer.send_and_wait(
+                self._requests_topic, request.model_dump_json().encode(), key=request.partition_key()
+            )
+        except BaseException:
+            self._pending.pop(request.id, None)
+            raise
+        return future
+
+    async def submit_raw(self, value: bytes, request_id: str, key: bytes | None = None) -> asyncio.Future[InferenceResult]:
+        """Produce raw bytes (for malformed-input tests and replays); the future
+        resolves if a reply with ``request_id`` comes back."""
+        if self._producer is None:
+            raise RuntimeError("client not started")
+        future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        await self._producer.send_and_wait(self._requests_topic, value, key=key)
+        return future
+
+    async def ask(self, prompt: str, *, timeout_s: float = 60.0, **fields: Any) -> InferenceResult:
+        """Submit one prompt and wait for its result."""
+        request = {"id": fields.pop("id", f"{self.client_id}-{uuid.uuid4().hex[:12]}"), "prompt": prompt, **fields}
+        future = await self.submit(request)
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            self._pending.pop(request["id"], None)
+
+    async def _read_replies(self) -> None:
+        assert self._consumer is not None
+        async for record in self._consumer:
+            try:
+                result = InferenceResult.model_validate_json(record.value or b"")
+            except ValueError:
+                log.warning("undecodable reply on %s: %.200r", record.topic, record.value)
+                continue
+            self._deliver(result)
+
+    def _deliver(self, result: InferenceResult) -> None:
+        if result.id in self._done:
+            self.duplicates += 1
+            return
+        future = self._pending.pop(result.id, None)
+        if future is None:
+            return  # someone else's reply on a shared topic, or a late one
+        self._done[result.id] = None
+        if len(self._done) > self._remember:
+            self._done.popitem(last=False)
+        if not future.done():
+            future.set_result(result)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        for future in self._pending.values():
+            if not future.done():
+                future.cancel()
+        self._pending.clear()
+
+
+def result_summary(result: InferenceResult) -> str:
+    """One readable block for a result (used by ``laneway ask``)."""
+    t = result.timings
+    head = (
+        f"[{result.status}] lane={result.lane} path={result.path} model={result.model} "
+        f"total={t.total_ms:.1f}ms queue={t.queue_ms:.1f}ms inference={t.inference_ms:.1f}ms "
+        f"batch={t.batch_size}"
+    )
+    body = result.output if result.status == "ok" else json.dumps(result.error.model_dump() if result.error else None)
+    return f"{head}\n{body}"

@@ -1,0 +1,97 @@
+"""Operations endpoints every process serves: ``/metrics`` (Prometheus),
+``/healthz`` (the process is alive) and ``/readyz`` (it is doing its job).
+
+The server runs in a daemon thread so it answers even while the event loop
+is busy in a long model call; health and readiness are plain flags.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+__all__ = [
+    "BATCH_SIZE",
+    "LATENCY",
+    "RECORDS",
+    "RESULTS",
+    "OpsServer",
+    "ProcessState",
+]
+
+log = logging.getLogger(__name__)
+
+RECORDS = Counter(
+    "laneway_records_total", "Records consumed, by component and outcome", ["component", "outcome"]
+)
+RESULTS = Counter(
+    "laneway_results_total",
+    "Terminal results produced, by lane, path and status",
+    ["lane", "path", "status", "code"],
+)
+LATENCY = Histogram(
+    "laneway_result_latency_seconds",
+    "End-to-end latency from request produce time to result",
+    ["lane", "path"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+BATCH_SIZE = Histogram(
+    "laneway_batch_size", "Requests per worker batch", ["lane"], buckets=(1, 2, 4, 8, 16, 32, 64)
+)
+
+
+class ProcessState:
+    """Liveness and readiness of one process, set by its main loop."""
+
+    def __init__(self) -> None:
+        self.alive = True
+        self.ready = False
+        self.detail = "starting"
+
+
+class OpsServer:
+    def __init__(self, host: str, port: int, state: ProcessState) -> None:
+        state_ref = state
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
+                elif self.path == "/healthz":
+                    ok = state_ref.alive
+                    self._send(200 if ok else 503, b"ok\n" if ok else b"dead\n")
+                elif self.path == "/readyz":
+                    ok = state_ref.ready
+                    self._send(200 if ok else 503, f"{state_ref.detail}\n".encode())
+                else:
+                    self._send(404, b"not found\n")
+
+            def _send(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> OpsServer:
+        self._thread.start()
+        log.info("ops endpoints on http://%s:%s", *self._server.server_address[:2])
+        return self
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

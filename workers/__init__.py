@@ -1,0 +1,1 @@
+"""Lane workers, the dynamic batcher and the model backends."""

@@ -1,0 +1,19 @@
+"""Model backends behind one small interface (``workers.backends.base.Backend``)."""
+
+from workers.backends.base import (
+    Backend,
+    Generation,
+    GenerationInput,
+    Outcome,
+    create_backend,
+    map_backend_exception,
+)
+
+__all__ = [
+    "Backend",
+    "Generation",
+    "GenerationInput",
+    "Outcome",
+    "create_backend",
+    "map_backend_exception",
+]

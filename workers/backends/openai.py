@@ -1,0 +1,91 @@
+"""Any OpenAI-compatible HTTP server: this is how a vLLM server (``vllm
+serve``) is used, and how the tests reach ``llama_cpp.server``. A batch is
+sent as concurrent requests; the server does the batching."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import httpx
+
+from schemas.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, LanewayError
+from schemas.settings import BackendSettings
+from workers.backends.base import Generation, GenerationInput, Outcome, map_backend_exception
+
+__all__ = ["OpenAIBackend"]
+
+
+class OpenAIBackend:
+    kind = "openai"
+
+    def __init__(self, model: str, settings: BackendSettings) -> None:
+        self.model = model
+        self._settings = settings
+        self._client: httpx.AsyncClient | None = None
+
+    async def load(self) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=self._settings.openai_base_url.rstrip("/") + "/",
+            headers={"Authorization": f"Bearer {self._settings.openai_api_key.get_secret_value()}"},
+            timeout=self._settings.openai_timeout_s,
+        )
+        if not await self.check_health():
+            raise BackendUnavailable(
+                f"no OpenAI-compatible server answers at {self._settings.openai_base_url}"
+            )
+
+    async def infer_batch(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
+        if self._client is None:
+            raise BackendUnavailable("openai backend is not loaded")
+        return list(await asyncio.gather(*(self._one(self._client, item) for item in inputs)))
+
+    async def _one(self, client: httpx.AsyncClient, item: GenerationInput) -> Outcome:
+        body = {
+            "model": self.model,
+            "messages": [m.model_dump() for m in item.messages],
+            "max_tokens": item.max_tokens,
+            "temperature": item.temperature,
+        }
+        timeout = self._settings.openai_timeout_s
+        if item.timeout_s is not None:
+            timeout = max(0.001, min(timeout, item.timeout_s))
+        try:
+            response = await client.post("chat/completions", json=body, timeout=timeout)
+        except httpx.TimeoutException as exc:
+            return DeadlineExceeded(f"OpenAI-compatible server timed out after {timeout:.3f}s: {exc}")
+        except httpx.HTTPError as exc:
+            return BackendUnavailable(f"OpenAI-compatible server unreachable: {exc}")
+        if response.status_code != 200:
+            return _http_error(response)
+        try:
+            data = response.json()
+            usage = data.get("usage") or {}
+            return Generation(
+                text=data["choices"][0]["message"]["content"] or "",
+                prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                completion_tokens=int(usage.get("completion_tokens", 0)),
+            )
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            return map_backend_exception(exc)
+
+    async def check_health(self) -> bool:
+        if self._client is None:
+            return False
+        try:
+            response = await self._client.get("models", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+def _http_error(response: httpx.Response) -> LanewayError:
+    detail = response.text[:300]
+    if response.status_code in (400, 413, 422):
+        return InvalidRequest(f"server refused the request ({response.status_code}): {detail}")
+    return BackendUnavailable(f"server answered {response.status_code}: {detail}")

@@ -1,0 +1,195 @@
+"""A lane worker: consumes one lane topic, batches, runs, replies, commits.
+
+Delivery is at-least-once. Offsets are committed by hand, only after every
+result of the batch (reply, ``results`` and quality event) has been
+acknowledged by the broker, so a worker killed mid-batch loses nothing: its
+records are delivered again to the next owner of the partition, and the
+client SDK drops the duplicate replies. faust is not used here because it
+acks a ``take()`` batch even when the batch raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from pydantic import ValidationError
+
+from schemas.errors import InvalidRequest
+from schemas.messages import Lane, RoutedRequest
+from schemas.settings import Settings
+from streams.envelopes import Outbound, dlq_record, terminal_records
+from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
+from workers.batcher import collect_batch
+from workers.execution import Executor, backend_slots
+
+__all__ = ["LaneWorker"]
+
+log = logging.getLogger(__name__)
+
+
+class LaneWorker:
+    def __init__(
+        self,
+        settings: Settings,
+        lane: Lane,
+        state: ProcessState | None = None,
+        executor: Executor | None = None,
+    ) -> None:
+        self.settings = settings
+        self.lane = lane
+        self.lane_settings = settings.lane(lane)
+        self.state = state or ProcessState()
+        self.executor = executor or Executor(lane, backend_slots(settings.backend))
+        self.topic = settings.lane_topic(lane)
+        self._stopping = asyncio.Event()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        options = self.settings.kafka.client_options()
+        self._producer = AIOKafkaProducer(
+            acks="all",
+            enable_idempotence=self.settings.kafka.enable_idempotence,
+            linger_ms=1,
+            **options,  # type: ignore[arg-type]
+        )
+        self._consumer = AIOKafkaConsumer(
+            self.topic,
+            group_id=f"{self.settings.app_id}.worker.{self.lane}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_interval_ms=600_000,
+            **options,  # type: ignore[arg-type]
+        )
+        await self._producer.start()
+        await self._consumer.start()
+        await self._warm_up()
+        self.state.ready = True
+        self.state.detail = f"{self.lane} worker consuming {self.topic}"
+        log.info("%s worker started on %s", self.lane, self.topic)
+
+    async def _warm_up(self) -> None:
+        """Load the model paths before the first request, so its latency is
+        not a model load. A failure is kept and answered as INF-502."""
+        for path, slot in self.executor.slots.items():
+            try:
+                await slot.get()
+            except Exception as exc:
+                log.warning("%s: %s backend not ready: %s", self.lane, path, exc)
+
+    def stop(self) -> None:
+        """Stop taking work; the batch in flight is finished and committed."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        assert self._consumer is not None
+        lane = self.lane_settings
+        while not self._stopping.is_set():
+            records = await collect_batch(
+                self._fetch,
+                max_size=lane.max_batch_size,
+                max_wait_s=lane.max_wait_ms / 1000,
+                idle_timeout_s=0.5,
+            )
+            if records:
+                await self.process(records)
+
+    async def _fetch(self, timeout_s: float, max_items: int) -> list[ConsumerRecord]:
+        assert self._consumer is not None
+        polled = await self._consumer.getmany(
+            timeout_ms=max(1, int(timeout_s * 1000)), max_records=max_items
+        )
+        return [record for batch in polled.values() for record in batch]
+
+    async def process(self, records: Sequence[ConsumerRecord]) -> None:
+        """Run one batch, produce its results, then commit its offsets."""
+        outbound: list[Outbound] = []
+        batch: list[RoutedRequest] = []
+        for record in records:
+            try:
+                batch.append(RoutedRequest.model_validate_json(record.value or b""))
+            except ValidationError as exc:
+                error = InvalidRequest(f"lane record is not a RoutedRequest: {exc.errors()[:3]}")
+                outbound.append(
+                    dlq_record(
+                        record.value or b"",
+                        record.key,
+                        error,
+                        source_topic=record.topic,
+                        source_offset=record.offset,
+                        settings=self.settings,
+                    )
+                )
+                RECORDS.labels(f"worker-{self.lane}", "rejected").inc()
+        finished = await self.executor.execute(batch)
+        now_ms = int(time.time() * 1000)
+        for item in finished:
+            outbound += terminal_records(
+                item.result,
+                reply_to=item.routed.reply_to,
+                tenant=item.routed.request.tenant,
+                now_ms=now_ms,
+                settings=self.settings,
+            )
+        await self._produce(outbound)
+        await self._commit(records)
+        BATCH_SIZE.labels(self.lane).observe(len(batch))
+        for item in finished:
+            result = item.result
+            code = result.error.code if result.error else ""
+            RECORDS.labels(f"worker-{self.lane}", result.status).inc()
+            RESULTS.labels(self.lane, result.path, result.status, code).inc()
+            LATENCY.labels(self.lane, result.path).observe(result.timings.total_ms / 1000)
+
+    async def _produce(self, outbound: Sequence[Outbound]) -> None:
+        assert self._producer is not None
+        pending = [
+            await self._producer.send(r.topic, value=r.value, key=r.key, headers=list(r.headers))
+            for r in outbound
+        ]
+        await asyncio.gather(*pending)
+
+    async def _commit(self, records: Sequence[ConsumerRecord]) -> None:
+        assert self._consumer is not None
+        offsets: dict[TopicPartition, int] = {}
+        for record in records:
+            tp = TopicPartition(record.topic, record.partition)
+            offsets[tp] = max(offsets.get(tp, 0), record.offset + 1)
+        await self._consumer.commit(offsets)
+
+    async def close(self) -> None:
+        self.state.ready = False
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        await self.executor.close()
+
+
+async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_s: float) -> None:
+    """Run a worker until SIGTERM/SIGINT; the batch in flight gets ``drain_s``."""
+    import signal
+
+    worker = LaneWorker(settings, lane, state)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    await worker.start()
+    try:
+        runner = asyncio.ensure_future(worker.run())
+        await asyncio.wait([runner, asyncio.ensure_future(worker._stopping.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not runner.done():
+            try:
+                await asyncio.wait_for(runner, timeout=drain_s)
+            except TimeoutError:
+                log.warning("%s worker: batch not finished within %.1fs; it will be redelivered",
+                            lane, drain_s)
+        elif runner.exception() is not None:
+            raise runner.exception()  # type: ignore[misc]
+    finally:
+        await worker.close()
