@@ -147,6 +147,10 @@ class BackendSettings(BaseSettings):
     n_threads: int = Field(default=2, ge=1)
     """llama.cpp threads per model."""
     n_ctx: int = Field(default=2048, ge=256)
+    system_prompt: str = "You are a helpful assistant. Answer briefly and accurately."
+    """Put in front of requests that bring no system message of their own ("" = none)."""
+    repeat_penalty: float = Field(default=1.1, ge=1.0, le=2.0)
+    """llama.cpp repetition penalty; small models loop without one."""
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     """An OpenAI-compatible server, e.g. ``vllm serve`` or ``llama_cpp.server``."""
     openai_api_key: SecretStr = SecretStr("none")

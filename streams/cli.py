@@ -29,12 +29,20 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="run one lane worker")
     worker.add_argument("--lane", required=True, choices=[lane.value for lane in Lane])
-    worker.add_argument("--drain-s", type=float, default=30.0, help="grace for the batch in flight on SIGTERM")
+    worker.add_argument(
+        "--drain-s", type=float, default=30.0, help="grace for the batch in flight on SIGTERM"
+    )
 
     up = sub.add_parser("up", help="embedded broker + Redis + classifier + workers, supervised")
-    up.add_argument("--kafka-port", type=int, default=None, help="embedded broker port (default: free)")
-    up.add_argument("--redis-port", type=int, default=None, help="embedded Valkey port (default: free)")
-    up.add_argument("--http-port-base", type=int, default=9400, help="classifier port; workers follow")
+    up.add_argument(
+        "--kafka-port", type=int, default=None, help="embedded broker port (default: free)"
+    )
+    up.add_argument(
+        "--redis-port", type=int, default=None, help="embedded Valkey port (default: free)"
+    )
+    up.add_argument(
+        "--http-port-base", type=int, default=9400, help="classifier port; workers follow"
+    )
 
     ask = sub.add_parser("ask", help="ask one question through a running stack")
     ask.add_argument("prompt")
@@ -45,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="drive a mixed workload and print latency/throughput")
     bench.add_argument("-n", "--requests", type=int, default=120)
-    bench.add_argument("--embedded", action="store_true", help="start an embedded stack for the run")
+    bench.add_argument(
+        "--embedded", action="store_true", help="start an embedded stack for the run"
+    )
     bench.add_argument("--max-tokens", type=int, default=16)
     bench.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
 
@@ -91,7 +101,11 @@ def _classifier(settings: Settings, args: argparse.Namespace) -> int:
     from streams.ops import OpsServer, ProcessState
 
     state = ProcessState()
-    ops = OpsServer(settings.http_host, settings.http_port, state).start() if settings.http_port else None
+    ops = (
+        OpsServer(settings.http_host, settings.http_port, state).start()
+        if settings.http_port
+        else None
+    )
     app = build_app(settings, state)
     worker = faust.Worker(app, loglevel=settings.log_level, override_logging=False)
     try:
@@ -107,7 +121,11 @@ def _worker(settings: Settings, args: argparse.Namespace) -> int:
     from workers.lane_worker import serve_lane
 
     state = ProcessState()
-    ops = OpsServer(settings.http_host, settings.http_port, state).start() if settings.http_port else None
+    ops = (
+        OpsServer(settings.http_host, settings.http_port, state).start()
+        if settings.http_port
+        else None
+    )
     try:
         asyncio.run(serve_lane(settings, Lane(args.lane), state, args.drain_s))
     finally:

@@ -63,7 +63,9 @@ class LanewayClient:
         options = self.kafka.client_options()
         await self._ensure_reply_topic(options)
         self._producer = AIOKafkaProducer(
-            acks="all", enable_idempotence=self.kafka.enable_idempotence, **options  # type: ignore[arg-type]
+            acks="all",
+            enable_idempotence=self.kafka.enable_idempotence,
+            **options,  # type: ignore[arg-type]
         )
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(enable_auto_commit=False, **options)  # type: ignore[arg-type]
@@ -99,11 +101,13 @@ class LanewayClient:
             found = self._consumer.partitions_for_topic(topic)
             if found:
                 return [TopicPartition(topic, p) for p in sorted(found)]
-            await self._consumer._client.force_metadata_update()  # noqa: SLF001
+            await self._consumer._client.force_metadata_update()
             await asyncio.sleep(0.1)
         raise RuntimeError(f"reply topic {topic} has no partitions")
 
-    async def submit(self, request: InferenceRequest | dict[str, Any]) -> asyncio.Future[InferenceResult]:
+    async def submit(
+        self, request: InferenceRequest | dict[str, Any]
+    ) -> asyncio.Future[InferenceResult]:
         """Produce a request; the future resolves with its result."""
         if self._producer is None:
             raise RuntimeError("client not started")
@@ -113,14 +117,18 @@ class LanewayClient:
         self._pending[request.id] = future
         try:
             await self._producer.send_and_wait(
-                self._requests_topic, request.model_dump_json().encode(), key=request.partition_key()
+                self._requests_topic,
+                request.model_dump_json().encode(),
+                key=request.partition_key(),
             )
         except BaseException:
             self._pending.pop(request.id, None)
             raise
         return future
 
-    async def submit_raw(self, value: bytes, request_id: str, key: bytes | None = None) -> asyncio.Future[InferenceResult]:
+    async def submit_raw(
+        self, value: bytes, request_id: str, key: bytes | None = None
+    ) -> asyncio.Future[InferenceResult]:
         """Produce raw bytes (for malformed-input tests and replays); the future
         resolves if a reply with ``request_id`` comes back."""
         if self._producer is None:
@@ -132,7 +140,11 @@ class LanewayClient:
 
     async def ask(self, prompt: str, *, timeout_s: float = 60.0, **fields: Any) -> InferenceResult:
         """Submit one prompt and wait for its result."""
-        request = {"id": fields.pop("id", f"{self.client_id}-{uuid.uuid4().hex[:12]}"), "prompt": prompt, **fields}
+        request = {
+            "id": fields.pop("id", f"{self.client_id}-{uuid.uuid4().hex[:12]}"),
+            "prompt": prompt,
+            **fields,
+        }
         future = await self.submit(request)
         try:
             return await asyncio.wait_for(future, timeout_s)
@@ -185,5 +197,9 @@ def result_summary(result: InferenceResult) -> str:
         f"total={t.total_ms:.1f}ms queue={t.queue_ms:.1f}ms inference={t.inference_ms:.1f}ms "
         f"batch={t.batch_size}"
     )
-    body = result.output if result.status == "ok" else json.dumps(result.error.model_dump() if result.error else None)
+    body = (
+        result.output
+        if result.status == "ok"
+        else json.dumps(result.error.model_dump() if result.error else None)
+    )
     return f"{head}\n{body}"

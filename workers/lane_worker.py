@@ -43,7 +43,9 @@ class LaneWorker:
         self.lane = lane
         self.lane_settings = settings.lane(lane)
         self.state = state or ProcessState()
-        self.executor = executor or Executor(lane, backend_slots(settings.backend))
+        self.executor = executor or Executor(
+            lane, backend_slots(settings.backend), settings.backend.system_prompt
+        )
         self.topic = settings.lane_topic(lane)
         self._stopping = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
@@ -181,14 +183,19 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
     await worker.start()
     try:
         runner = asyncio.ensure_future(worker.run())
-        await asyncio.wait([runner, asyncio.ensure_future(worker._stopping.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            [runner, asyncio.ensure_future(worker._stopping.wait())],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         if not runner.done():
             try:
                 await asyncio.wait_for(runner, timeout=drain_s)
             except TimeoutError:
-                log.warning("%s worker: batch not finished within %.1fs; it will be redelivered",
-                            lane, drain_s)
+                log.warning(
+                    "%s worker: batch not finished within %.1fs; it will be redelivered",
+                    lane,
+                    drain_s,
+                )
         elif runner.exception() is not None:
             raise runner.exception()  # type: ignore[misc]
     finally:

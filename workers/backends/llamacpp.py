@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from schemas.errors import BackendUnavailable, DeadlineExceeded
+from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
 from workers.backends.base import Generation, GenerationInput, Outcome, map_backend_exception
-from schemas.messages import ChatMessage
 from workers.models import prompt_style, resolve_gguf
 
 __all__ = ["LlamaCppBackend"]
@@ -80,6 +80,7 @@ class LlamaCppBackend:
             "max_tokens": item.max_tokens,
             "temperature": item.temperature,
             "seed": 0,
+            "repeat_penalty": self._settings.repeat_penalty,
             "logits_processor": [end_at_deadline],
         }
         try:

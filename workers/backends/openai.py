@@ -53,7 +53,9 @@ class OpenAIBackend:
         try:
             response = await client.post("chat/completions", json=body, timeout=timeout)
         except httpx.TimeoutException as exc:
-            return DeadlineExceeded(f"OpenAI-compatible server timed out after {timeout:.3f}s: {exc}")
+            return DeadlineExceeded(
+                f"OpenAI-compatible server timed out after {timeout:.3f}s: {exc}"
+            )
         except httpx.HTTPError as exc:
             return BackendUnavailable(f"OpenAI-compatible server unreachable: {exc}")
         if response.status_code != 200:

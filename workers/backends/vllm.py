@@ -52,7 +52,10 @@ class VLLMBackend:
     def _infer_sync(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
         from vllm import SamplingParams
 
-        params = [SamplingParams(max_tokens=i.max_tokens, temperature=i.temperature, seed=0) for i in inputs]
+        params = [
+            SamplingParams(max_tokens=i.max_tokens, temperature=i.temperature, seed=0)
+            for i in inputs
+        ]
         conversations = [[m.model_dump() for m in i.messages] for i in inputs]
         with self._lock:
             outputs = self._llm.chat(conversations, params, use_tqdm=False)

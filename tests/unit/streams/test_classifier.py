@@ -1,0 +1,97 @@
+import json
+
+from schemas.messages import InferenceResult, QualityEvent, RoutedRequest
+from schemas.settings import Settings
+from streams.classifier import SourceRecord, classify_record
+from streams.rules import RuleBook
+
+SETTINGS = Settings()
+NOW = 1_700_000_000_000
+
+
+def record(value: bytes, *, age_ms: int = 5, key: bytes | None = b"k") -> SourceRecord:
+    return SourceRecord(
+        value=value,
+        key=key,
+        timestamp_ms=NOW - age_ms,
+        topic="laneway.requests",
+        partition=2,
+        offset=41,
+    )
+
+
+def classify(value: bytes, **kw: int):  # type: ignore[no-untyped-def]
+    return classify_record(record(value, **kw), now_ms=NOW, settings=SETTINGS, rules=RuleBook())
+
+
+def body(**fields: object) -> bytes:
+    return json.dumps(
+        {"id": "req-1", "prompt": "What is the capital of France?", **fields}
+    ).encode()
+
+
+def test_routes_to_lane_topic() -> None:
+    out = classify(body(deadline_ms=1000, reply_to="laneway.replies.acme"))
+    assert out.outcome == "routed"
+    (sent,) = out.records
+    assert sent.topic == "laneway.lane.realtime" and sent.key == b"req-1"
+    routed = RoutedRequest.model_validate_json(sent.value)
+    assert routed.reply_to == "laneway.replies.acme"
+    assert routed.produced_at_ms == NOW - 5 and routed.routed_at_ms == NOW
+    assert routed.deadline_at_ms == NOW - 5 + 1000
+    assert routed.path == "light"
+
+
+def test_rule_answer_goes_to_client_results_and_quality() -> None:
+    out = classify(body(prompt="hello"))
+    assert out.outcome == "answered"
+    reply, results, quality = out.records
+    assert reply.topic == "laneway.replies" and results.topic == "laneway.results"
+    result = InferenceResult.model_validate_json(reply.value)
+    assert result.status == "ok" and result.path == "rules" and result.model == "rules:greeting"
+    assert reply.value == results.value
+    assert quality.topic == "laneway.quality" and quality.key == b"rules"
+    assert QualityEvent.model_validate_json(quality.value).success
+
+
+def test_expired_deadline_gets_inf_503() -> None:
+    out = classify(body(deadline_ms=100), age_ms=150)
+    assert out.outcome == "expired"
+    result = InferenceResult.model_validate_json(out.records[0].value)
+    assert result.error is not None and result.error.code == "INF-503" and result.error.retryable
+    assert "passed 50 ms" in result.error.message
+
+
+def test_invalid_record_goes_to_dlq_and_client_hears_why() -> None:
+    raw = body(max_tokens=0, reply_to="laneway.replies.acme")
+    out = classify(raw)
+    assert out.outcome == "rejected"
+    dlq, reply, results, quality = out.records
+    assert dlq.topic == "laneway.dlq" and dlq.value == raw and dlq.key == b"k"
+    headers = dict(dlq.headers)
+    assert headers["laneway-error-code"] == b"INF-400"
+    assert b"max_tokens=0" in headers["laneway-error"]
+    assert headers["laneway-source-topic"] == b"laneway.requests"
+    assert headers["laneway-source-offset"] == b"41"
+    assert reply.topic == "laneway.replies.acme"
+    result = InferenceResult.model_validate_json(reply.value)
+    assert result.id == "req-1" and result.error is not None and result.error.code == "INF-400"
+
+
+def test_foreign_reply_to_is_answered_on_the_default_topic() -> None:
+    out = classify(body(reply_to="laneway.requests"))
+    assert [r.topic for r in out.records[:2]] == ["laneway.dlq", "laneway.replies"]
+
+
+def test_unreadable_record_only_goes_to_dlq() -> None:
+    for raw in (b"\x00\x01garbage", b"", b'{"prompt": "no id"}'):
+        out = classify(raw)
+        assert out.outcome == "rejected"
+        assert [r.topic for r in out.records] == ["laneway.dlq"]
+
+
+def test_oversized_record_is_refused_before_decoding() -> None:
+    raw = b"{" + b" " * SETTINGS.limits.max_record_bytes + b"}"
+    out = classify(raw)
+    assert out.outcome == "rejected"
+    assert b"limit" in dict(out.records[0].headers)["laneway-error"]

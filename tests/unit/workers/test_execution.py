@@ -1,0 +1,167 @@
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from schemas.errors import (
+    BackendUnavailable,
+    CudaFailure,
+    DeadlineExceeded,
+    ErrorCode,
+    LanewayError,
+    OutOfMemory,
+)
+from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
+from schemas.settings import BackendSettings
+from workers.backends.base import (
+    Backend,
+    GenerationInput,
+    Outcome,
+    create_backend,
+    map_backend_exception,
+)
+from workers.backends.llamacpp import as_transcript
+from workers.execution import BackendSlot, Executor, backend_slots
+
+
+def routed(
+    prompt: str, path: Path, deadline_in_ms: int | None = None, rid: str = "r"
+) -> RoutedRequest:
+    now = int(time.time() * 1000)
+    return RoutedRequest(
+        request=InferenceRequest(id=rid, prompt=prompt),
+        lane=Lane.REALTIME,
+        path=path,
+        reply_to="laneway.replies",
+        produced_at_ms=now - 3,
+        routed_at_ms=now,
+        deadline_at_ms=None if deadline_in_ms is None else now + deadline_in_ms,
+    )
+
+
+class Exploding:
+    """A backend whose inference raises: the error must reach every request."""
+
+    kind = "exploding"
+    model = "x"
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+        self.seen: list[GenerationInput] = []
+
+    async def load(self) -> None: ...
+
+    async def infer_batch(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
+        self.seen.extend(inputs)
+        raise self.exc
+
+    async def check_health(self) -> bool:
+        return True
+
+    async def close(self) -> None: ...
+
+
+def slot_of(backend: Backend) -> BackendSlot:
+    return BackendSlot(lambda: backend, retry_s=60, label=backend.kind)
+
+
+async def test_rules_backend_answers_and_times_results() -> None:
+    executor = Executor(Lane.REALTIME, backend_slots(BackendSettings()))
+    (done,) = await executor.execute([routed("ping", Path.RULES)])
+    result = done.result
+    assert result.status == "ok" and result.output == "pong" and result.model == "rules:rules"
+    assert result.timings.batch_size == 1 and result.timings.total_ms >= result.timings.queue_ms
+
+
+async def test_expired_requests_never_reach_the_model() -> None:
+    boom = Exploding(RuntimeError("must not run"))
+    executor = Executor(Lane.MEDIUM, {Path.LIGHT: slot_of(boom)})
+    (done,) = await executor.execute([routed("q", Path.LIGHT, deadline_in_ms=-10)])
+    assert done.result.error is not None and done.result.error.code == "INF-503"
+    assert boom.seen == []
+
+
+async def test_inference_errors_are_spread_and_mapped() -> None:
+    cuda = Exploding(RuntimeError("CUDA error: device-side assert triggered"))
+    executor = Executor(Lane.BULK, {Path.HEAVY: slot_of(cuda)})
+    batch = [routed(f"q{i}", Path.HEAVY, rid=f"r{i}") for i in range(3)]
+    finished = await executor.execute(batch)
+    assert [f.result.id for f in finished] == ["r0", "r1", "r2"]
+    assert {f.result.error.code for f in finished if f.result.error} == {"CUDA-ERR"}
+    assert all(f.result.timings.batch_size == 3 for f in finished)
+
+
+async def test_remaining_deadline_bounds_inference_and_system_prompt_is_added() -> None:
+    spy = Exploding(RuntimeError("x"))
+    executor = Executor(Lane.REALTIME, {Path.LIGHT: slot_of(spy)}, system_prompt="be brief")
+    await executor.execute([routed("q", Path.LIGHT, deadline_in_ms=2000)])
+    (seen,) = spy.seen
+    assert seen.timeout_s is not None and 0 < seen.timeout_s <= 2
+    assert [m.role for m in seen.messages] == ["system", "user"]
+
+
+async def test_missing_model_gives_inf_502_and_is_not_retried_at_once() -> None:
+    settings = BackendSettings(light_model="/nonexistent/model.gguf", load_retry_s=60)
+    slots = backend_slots(settings)
+    executor = Executor(Lane.REALTIME, slots)
+    for _ in range(2):
+        (done,) = await executor.execute([routed("q", Path.LIGHT)])
+        assert done.result.error is not None
+        assert done.result.error.code == "INF-502"
+        assert "does not exist" in done.result.error.message
+    assert slots[Path.LIGHT].backend is None
+
+
+async def test_path_without_backend_is_inf_502() -> None:
+    executor = Executor(Lane.REALTIME, {})
+    (done,) = await executor.execute([routed("q", Path.HEAVY)])
+    assert done.result.error is not None and done.result.error.code == "INF-502"
+
+
+def test_unknown_backend_and_missing_vllm_are_clear() -> None:
+    with pytest.raises(BackendUnavailable, match="unknown backend 'tpu'"):
+        create_backend("tpu", "m", BackendSettings())
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (MemoryError(), OutOfMemory),
+        (RuntimeError("CUDA out of memory. Tried to allocate"), OutOfMemory),
+        (RuntimeError("CUDA driver version is insufficient"), CudaFailure),
+        (TimeoutError("slow"), DeadlineExceeded),
+        (ValueError("weird"), BackendUnavailable),
+    ],
+)
+def test_map_backend_exception(exc: Exception, kind: type[LanewayError]) -> None:
+    error = map_backend_exception(exc)
+    assert isinstance(error, kind)
+    assert type(exc).__name__ in error.message
+    same = BackendUnavailable("kept")
+    assert map_backend_exception(same) is same
+
+
+def test_error_tree_codes() -> None:
+    assert [c.value for c in ErrorCode] == [
+        "INF-400",
+        "INF-429",
+        "INF-502",
+        "INF-503",
+        "MEM-ERR",
+        "CUDA-ERR",
+    ]
+
+
+def test_transcript_for_base_models() -> None:
+    request = InferenceRequest(
+        id="r",
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi?"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Capital of France?"},
+        ],
+    )
+    assert as_transcript(request.chat()) == (
+        "Be brief.\nQuestion: Hi?\nAnswer: Hello.\nQuestion: Capital of France?\nAnswer:"
+    )
