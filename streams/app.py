@@ -109,7 +109,7 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
             await send_all(classified.records)
             _observe(classified, now_ms - record.timestamp_ms)
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def _assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         state.ready = True
         state.detail = f"classifying {len(assigned)} partitions"

@@ -70,12 +70,12 @@ def classify_record(
     reply_to = request.reply_to or settings.replies_topic
     age_ms = max(0, now_ms - record.timestamp_ms)
     if request.deadline_ms is not None and age_ms >= request.deadline_ms:
-        error = DeadlineExceeded(
+        expired = DeadlineExceeded(
             f"deadline of {request.deadline_ms} ms passed {age_ms - request.deadline_ms} ms "
             "before classification"
         )
         result = InferenceResult.failure(
-            request.id, error, timings=_timings(age_ms), batch_id=request.batch_id
+            request.id, expired, timings=_timings(age_ms), batch_id=request.batch_id
         )
         return Classified("expired", _terminal(result, request, reply_to, now_ms, settings))
 

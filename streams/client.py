@@ -65,10 +65,10 @@ class LanewayClient:
         self._producer = AIOKafkaProducer(
             acks="all",
             enable_idempotence=self.kafka.enable_idempotence,
-            **options,  # type: ignore[arg-type]
+            **options,
         )
         await self._producer.start()
-        self._consumer = AIOKafkaConsumer(enable_auto_commit=False, **options)  # type: ignore[arg-type]
+        self._consumer = AIOKafkaConsumer(enable_auto_commit=False, **options)
         await self._consumer.start()
         partitions = await self._partitions(self.reply_to)
         self._consumer.assign(partitions)
@@ -78,7 +78,7 @@ class LanewayClient:
         self._reader = asyncio.create_task(self._read_replies())
 
     async def _ensure_reply_topic(self, options: dict[str, Any]) -> None:
-        admin = AIOKafkaAdminClient(**options)  # type: ignore[arg-type]
+        admin = AIOKafkaAdminClient(**options)
         await admin.start()
         try:
             if self.reply_to not in await admin.list_topics():

@@ -56,7 +56,7 @@ async def wait_for_broker(settings: Settings, timeout_s: float = 30.0) -> None:
     loop = asyncio.get_running_loop()
     give_up = loop.time() + timeout_s
     while True:
-        admin = AIOKafkaAdminClient(**settings.kafka.client_options())  # type: ignore[arg-type]
+        admin = AIOKafkaAdminClient(**settings.kafka.client_options())
         try:
             await admin.start()
             await admin.list_topics()
@@ -75,7 +75,7 @@ async def create_topics(
     """Create every missing topic; an existing one is left as it is, but a
     partition count that differs from the registry is logged."""
     specs = topic_specs(settings, extra_reply_topics)
-    admin = AIOKafkaAdminClient(**settings.kafka.client_options())  # type: ignore[arg-type]
+    admin = AIOKafkaAdminClient(**settings.kafka.client_options())
     await admin.start()
     try:
         existing = set(await admin.list_topics())

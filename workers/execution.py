@@ -10,6 +10,7 @@ instead of killing the worker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -84,7 +85,7 @@ def backend_slots(settings: BackendSettings) -> dict[Path, BackendSlot]:
     }
     return {
         path: BackendSlot(
-            lambda kind=kind, model=model: create_backend(kind, model, settings),
+            functools.partial(create_backend, kind, model, settings),
             settings.load_retry_s,
             f"{path}={kind}:{model}",
         )

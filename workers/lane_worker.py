@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import Sequence
 
@@ -57,7 +58,7 @@ class LaneWorker:
             acks="all",
             enable_idempotence=self.settings.kafka.enable_idempotence,
             linger_ms=1,
-            **options,  # type: ignore[arg-type]
+            **options,
         )
         self._consumer = AIOKafkaConsumer(
             self.topic,
@@ -65,7 +66,7 @@ class LaneWorker:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_interval_ms=600_000,
-            **options,  # type: ignore[arg-type]
+            **options,
         )
         await self._producer.start()
         await self._consumer.start()
@@ -173,30 +174,26 @@ class LaneWorker:
 
 
 async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_s: float) -> None:
-    """Run a worker until SIGTERM/SIGINT; the batch in flight gets ``drain_s``."""
-    import signal
-
+    """Run a worker until SIGTERM/SIGINT. The batch in flight then gets
+    ``drain_s`` to finish and commit; past that it is abandoned uncommitted
+    and will be delivered again to the next worker."""
     worker = LaneWorker(settings, lane, state)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stop)
     await worker.start()
+    loop = asyncio.get_running_loop()
+    runner = asyncio.ensure_future(worker.run())
+
+    def on_signal() -> None:
+        log.info("%s worker stopping; draining the batch in flight (%.0fs)", lane, drain_s)
+        worker.stop()
+        loop.call_later(drain_s, runner.cancel)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
     try:
-        runner = asyncio.ensure_future(worker.run())
-        await asyncio.wait(
-            [runner, asyncio.ensure_future(worker._stopping.wait())],
-            return_when=asyncio.FIRST_COMPLETED,
+        await runner
+    except asyncio.CancelledError:
+        log.warning(
+            "%s worker: batch not finished within %.0fs; it will be redelivered", lane, drain_s
         )
-        if not runner.done():
-            try:
-                await asyncio.wait_for(runner, timeout=drain_s)
-            except TimeoutError:
-                log.warning(
-                    "%s worker: batch not finished within %.1fs; it will be redelivered",
-                    lane,
-                    drain_s,
-                )
-        elif runner.exception() is not None:
-            raise runner.exception()  # type: ignore[misc]
     finally:
         await worker.close()

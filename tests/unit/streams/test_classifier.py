@@ -67,6 +67,7 @@ def test_invalid_record_goes_to_dlq_and_client_hears_why() -> None:
     out = classify(raw)
     assert out.outcome == "rejected"
     dlq, reply, results, quality = out.records
+    assert [results.topic, quality.topic] == ["laneway.results", "laneway.quality"]
     assert dlq.topic == "laneway.dlq" and dlq.value == raw and dlq.key == b"k"
     headers = dict(dlq.headers)
     assert headers["laneway-error-code"] == b"INF-400"
