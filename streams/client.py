@@ -106,36 +106,42 @@ class LanewayClient:
         raise RuntimeError(f"reply topic {topic} has no partitions")
 
     async def submit(
-        self, request: InferenceRequest | dict[str, Any]
+        self, request: InferenceRequest | dict[str, Any], *, timestamp_ms: int | None = None
     ) -> asyncio.Future[InferenceResult]:
-        """Produce a request; the future resolves with its result."""
-        if self._producer is None:
-            raise RuntimeError("client not started")
+        """Produce a request; the future resolves with its result.
+
+        ``timestamp_ms`` backdates the record to when the request was created
+        (a client that queued it locally): its deadline counts from then."""
         if isinstance(request, dict):
             request = InferenceRequest.model_validate({"reply_to": self.reply_to, **request})
-        future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
-        self._pending[request.id] = future
-        try:
-            await self._producer.send_and_wait(
-                self._requests_topic,
-                request.model_dump_json().encode(),
-                key=request.partition_key(),
-            )
-        except BaseException:
-            self._pending.pop(request.id, None)
-            raise
-        return future
+        return await self.submit_raw(
+            request.model_dump_json().encode(),
+            request.id,
+            key=request.partition_key(),
+            timestamp_ms=timestamp_ms,
+        )
 
     async def submit_raw(
-        self, value: bytes, request_id: str, key: bytes | None = None
+        self,
+        value: bytes,
+        request_id: str,
+        *,
+        key: bytes | None = None,
+        timestamp_ms: int | None = None,
     ) -> asyncio.Future[InferenceResult]:
-        """Produce raw bytes (for malformed-input tests and replays); the future
-        resolves if a reply with ``request_id`` comes back."""
+        """Produce a record as it is (replays, malformed-input tests); the
+        future resolves if a reply with ``request_id`` comes back."""
         if self._producer is None:
             raise RuntimeError("client not started")
         future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        await self._producer.send_and_wait(self._requests_topic, value, key=key)
+        try:
+            await self._producer.send_and_wait(
+                self._requests_topic, value, key=key, timestamp_ms=timestamp_ms
+            )
+        except BaseException:
+            self._pending.pop(request_id, None)
+            raise
         return future
 
     async def ask(self, prompt: str, *, timeout_s: float = 60.0, **fields: Any) -> InferenceResult:

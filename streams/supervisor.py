@@ -64,6 +64,7 @@ class Stack:
         lanes: tuple[Lane, ...] = tuple(Lane),
         out: IO[str] | None = None,
         log_dir: Path | None = None,
+        child_env: dict[str, str] | None = None,
     ) -> None:
         self.broker = EmbeddedBroker(
             kafka_port, log_path=log_dir / "tansu.log" if log_dir else None
@@ -82,6 +83,7 @@ class Stack:
             for i, lane in enumerate(lanes)
         ]
         self._stopping = False
+        self._child_env = child_env or {}
 
     @property
     def settings(self) -> Settings:
@@ -121,6 +123,7 @@ class Stack:
         settings = self.settings
         return {
             **os.environ,
+            **self._child_env,
             "LANEWAY_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
             "LANEWAY_REDIS_URL": settings.redis.url,
             "LANEWAY_HTTP_PORT": str(child.http_port),

