@@ -1,0 +1,130 @@
+"""Each backend against the real thing: llama.cpp with the wheel-shipped
+GGUF models, the openai backend against ``llama_cpp.server`` (a real
+OpenAI-compatible server, as vLLM's would be), vLLM where a GPU exists."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas.errors import BackendUnavailable, DeadlineExceeded
+from schemas.messages import ChatMessage
+from schemas.settings import BackendSettings
+from streams.embedded import free_port, wait_for_port
+from workers.backends.base import Backend, Generation, GenerationInput, create_backend
+from workers.models import resolve_gguf
+
+
+def ask(text: str, max_tokens: int = 12, timeout_s: float | None = None) -> GenerationInput:
+    return GenerationInput(
+        [ChatMessage(role="user", content=text)], max_tokens, 0.0, timeout_s=timeout_s
+    )
+
+
+@pytest.fixture
+async def smollm2() -> AsyncIterator[Backend]:
+    backend = create_backend("llamacpp", "smollm2-135m", BackendSettings())
+    await backend.load()
+    yield backend
+    await backend.close()
+
+
+async def test_llamacpp_batch_is_deterministic_at_temperature_zero(smollm2: Backend) -> None:
+    first = await smollm2.infer_batch([ask("What is the capital of France?"), ask("Say hi.")])
+    again = await smollm2.infer_batch([ask("What is the capital of France?")])
+    assert all(isinstance(o, Generation) and o.text for o in first)
+    assert isinstance(first[0], Generation) and first[0] == again[0]
+    assert 0 < first[0].completion_tokens <= 12 and first[0].prompt_tokens > 0
+    assert await smollm2.check_health()
+
+
+async def test_llamacpp_deadline_bounds_generation(smollm2: Backend) -> None:
+    (outcome,) = await smollm2.infer_batch([ask("Write a long story.", 400, timeout_s=0.05)])
+    assert isinstance(outcome, DeadlineExceeded)
+
+
+async def test_gemma_is_assembled_once_and_answers(tmp_path: Path) -> None:
+    settings = BackendSettings(model_dir=tmp_path)
+    path = resolve_gguf("gemma3-270m", tmp_path)
+    assert path.stat().st_mtime == resolve_gguf("gemma3-270m", tmp_path).stat().st_mtime
+    backend = create_backend("llamacpp", "gemma3-270m", settings)
+    await backend.load()
+    try:
+        (outcome,) = await backend.infer_batch([ask("What is the capital of France?", 8)])
+    finally:
+        await backend.close()
+    assert isinstance(outcome, Generation) and "Paris" in outcome.text
+
+
+@pytest.fixture(scope="module")
+def openai_server() -> Iterator[str]:
+    port = free_port()
+    model = resolve_gguf("smollm2-135m", Path("."))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model),
+            "--model_alias",
+            "smollm2",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            "2048",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, 60, proc)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_openai_backend_against_a_real_server(openai_server: str) -> None:
+    backend = create_backend("openai", "smollm2", BackendSettings(openai_base_url=openai_server))
+    await backend.load()
+    try:
+        outcomes = await backend.infer_batch([ask("What is 2+2?"), ask("Name a fruit.")])
+    finally:
+        await backend.close()
+    assert all(isinstance(o, Generation) and o.text and o.completion_tokens > 0 for o in outcomes)
+
+
+async def test_openai_backend_unreachable_is_inf_502() -> None:
+    settings = BackendSettings(openai_base_url=f"http://127.0.0.1:{free_port()}/v1")
+    backend = create_backend("openai", "m", settings)
+    with pytest.raises(BackendUnavailable, match="no OpenAI-compatible server"):
+        await backend.load()
+    await backend.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs laneway[gpu] and a GPU")
+async def test_vllm_backend_on_gpu() -> None:
+    backend = create_backend("vllm", "HuggingFaceTB/SmolLM2-135M-Instruct", BackendSettings())
+    await backend.load()
+    try:
+        outcomes = await backend.infer_batch([ask("Say hi."), ask("Name a colour.")])
+    finally:
+        await backend.close()
+    assert all(isinstance(o, Generation) and o.text for o in outcomes)
+
+
+async def test_vllm_backend_without_the_extra_is_a_clear_inf_502() -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    backend = create_backend("vllm", "m", BackendSettings())
+    with pytest.raises(BackendUnavailable, match=r"laneway\[gpu\]"):
+        await backend.load()
