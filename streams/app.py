@@ -19,6 +19,7 @@ from schemas.errors import BackendUnavailable
 from schemas.settings import Settings
 from streams.classifier import Classified, SourceRecord, classify_record
 from streams.envelopes import Outbound, dlq_record
+from streams.faust_transport import LanewayApp
 from streams.ops import LATENCY, RECORDS, RESULTS, ProcessState
 from streams.rules import RuleBook
 
@@ -43,8 +44,9 @@ def _faust_broker_options(settings: Settings) -> dict[str, Any]:
 
 def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = None) -> faust.App:
     rules = rules or RuleBook()
-    app = faust.App(
+    app = LanewayApp(
         settings.app_id,
+        fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
         store="memory://",
         topic_partitions=settings.kafka.partitions,
         topic_replication_factor=settings.kafka.replication_factor,

@@ -68,7 +68,9 @@ class LanewayClient:
             **options,
         )
         await self._producer.start()
-        self._consumer = AIOKafkaConsumer(enable_auto_commit=False, **options)
+        self._consumer = AIOKafkaConsumer(
+            enable_auto_commit=False, fetch_max_wait_ms=self.kafka.fetch_max_wait_ms, **options
+        )
         await self._consumer.start()
         partitions = await self._partitions(self.reply_to)
         self._consumer.assign(partitions)

@@ -66,6 +66,7 @@ class LaneWorker:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_interval_ms=600_000,
+            fetch_max_wait_ms=self.settings.kafka.fetch_max_wait_ms,
             **options,
         )
         await self._producer.start()

@@ -1,0 +1,220 @@
+"""``laneway bench``: a mixed workload through a running stack (or an
+embedded one with ``--embedded``), reported per lane and path.
+
+Latency is end to end as the client sees it: from just before the request is
+produced to the moment its reply is read. Alongside, the same rule is timed
+as a direct in-process call of the classifier's decision, so the cost of the
+trip through Kafka is a ratio measured in the same run on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+import timeit
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.messages import InferenceResult
+from schemas.settings import Settings
+from streams.classifier import SourceRecord, classify_record
+from streams.client import LanewayClient
+from streams.rules import RuleBook
+
+__all__ = ["Row", "Sample", "format_table", "mixed_workload", "run_bench", "summarize"]
+
+RULE_PROMPTS = ["Hello!", "thanks", "ping", "help"]
+SIMPLE_PROMPTS = [
+    "What is the capital of France?",
+    "Name a colour.",
+    "What colour is the sky?",
+    "Name a fruit.",
+]
+HARD_PROMPTS = [
+    "Explain why the sky is blue.",
+    "Compare cats and dogs as pets.",
+    "Explain how a bicycle stays upright.",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    lane: str
+    path: str
+    status: str
+    latency_ms: float
+    batch_size: int
+    finished_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    lane: str
+    path: str
+    count: int
+    errors: int
+    throughput_rps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_batch: float
+
+
+def mixed_workload(n: int, max_tokens: int) -> list[dict[str, Any]]:
+    """Deterministic mix: 40% rule-able, 35% simple, 25% hard; one in five
+    model requests is a bulk batch job."""
+    requests: list[dict[str, Any]] = []
+    for i in range(n):
+        slot = i % 20
+        if slot < 8:
+            prompt = RULE_PROMPTS[i % len(RULE_PROMPTS)]
+        elif slot < 15:
+            prompt = SIMPLE_PROMPTS[i % len(SIMPLE_PROMPTS)]
+        else:
+            prompt = HARD_PROMPTS[i % len(HARD_PROMPTS)]
+        request: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens}
+        if slot in (10, 14, 17, 19):
+            request["batch_id"] = "bench"
+        requests.append(request)
+    return requests
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def summarize(samples: Sequence[Sample], started_at: float) -> list[Row]:
+    groups: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    for sample in samples:
+        groups[(sample.lane, sample.path)].append(sample)
+    groups[("all", "all")] = list(samples)
+    rows = []
+    for (lane, path), group in sorted(groups.items(), key=lambda kv: (kv[0][0] == "all", kv[0])):
+        latencies = sorted(s.latency_ms for s in group)
+        window = max(max(s.finished_at for s in group) - started_at, 1e-9)
+        rows.append(
+            Row(
+                lane=lane,
+                path=path,
+                count=len(group),
+                errors=sum(s.status != "ok" for s in group),
+                throughput_rps=len(group) / window,
+                p50_ms=_percentile(latencies, 0.50),
+                p95_ms=_percentile(latencies, 0.95),
+                p99_ms=_percentile(latencies, 0.99),
+                mean_batch=statistics.fmean(s.batch_size for s in group),
+            )
+        )
+    return rows
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    head = (
+        f"{'lane':9} {'path':6} {'n':>5} {'err':>4} {'req/s':>8} "
+        f"{'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'batch':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.lane:9} {r.path:6} {r.count:5d} {r.errors:4d} {r.throughput_rps:8.2f} "
+            f"{r.p50_ms:9.1f} {r.p95_ms:9.1f} {r.p99_ms:9.1f} {r.mean_batch:6.2f}"
+        )
+    return "\n".join(lines)
+
+
+def direct_rule_ms(settings: Settings, repeat: int = 2000) -> float:
+    """The same rule decision called in-process, no broker: ms per call."""
+    rules = RuleBook()
+    raw = b'{"id": "direct", "prompt": "Hello!"}'
+
+    def once() -> None:
+        now = int(time.time() * 1000)
+        record = SourceRecord(raw, None, now, "bench", 0, 0)
+        classify_record(record, now_ms=now, settings=settings, rules=rules)
+
+    return timeit.timeit(once, number=repeat) * 1000 / repeat
+
+
+async def drive(
+    settings: Settings, requests: Sequence[dict[str, Any]], concurrency: int, timeout_s: float
+) -> tuple[list[Sample], float, int]:
+    """Send every request with at most ``concurrency`` in flight.
+    Returns samples, the start time and how many got no answer (lost)."""
+    samples: list[Sample] = []
+    lost = 0
+    gate = asyncio.Semaphore(concurrency)
+    async with LanewayClient(settings.kafka, client_id=f"bench-{uuid.uuid4().hex[:6]}") as client:
+        # Warm the path once so model loading is not measured.
+        await client.ask("ping", timeout_s=timeout_s)
+        started = time.perf_counter()
+
+        async def one(i: int, request: dict[str, Any]) -> None:
+            nonlocal lost
+            async with gate:
+                sent = time.perf_counter()
+                future = await client.submit({"id": f"bench-{i}-{uuid.uuid4().hex[:6]}", **request})
+                try:
+                    result: InferenceResult = await asyncio.wait_for(future, timeout_s)
+                except TimeoutError:
+                    lost += 1
+                    return
+                done = time.perf_counter()
+                samples.append(
+                    Sample(
+                        lane=str(result.lane or "-"),
+                        path=str(result.path or "-"),
+                        status=result.status,
+                        latency_ms=(done - sent) * 1000,
+                        batch_size=result.timings.batch_size,
+                        finished_at=done,
+                    )
+                )
+
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+    return samples, started, lost
+
+
+def run_bench(settings: Settings, args: argparse.Namespace) -> int:
+    stack = None
+    if args.embedded:
+        from streams.supervisor import Stack
+
+        stack = Stack(
+            settings,
+            http_port_base=None,
+            use_external_redis="url" in settings.redis.model_fields_set,
+        )
+        stack.start()
+        settings = stack.settings
+    try:
+        requests = mixed_workload(args.requests, args.max_tokens)
+        samples, started, lost = asyncio.run(
+            drive(settings, requests, args.concurrency, timeout_s=300)
+        )
+    finally:
+        if stack is not None:
+            stack.stop()
+    rows = summarize(samples, started)
+    print(
+        f"\nlaneway bench: {len(requests)} requests, concurrency {args.concurrency}, "
+        f"max_tokens {args.max_tokens}"
+    )
+    print(format_table(rows))
+    rules_rows = [r for r in rows if r.path == "rules"]
+    direct = direct_rule_ms(settings)
+    if rules_rows:
+        through_kafka = rules_rows[0].p50_ms
+        print(
+            f"\nrules path p50 through Kafka: {through_kafka:.2f} ms; direct in-process call of "
+            f"the same rule: {direct:.4f} ms; ratio {through_kafka / direct:,.0f}x"
+        )
+    print(f"lost requests: {lost}")
+    return 1 if lost else 0

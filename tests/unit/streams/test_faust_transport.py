@@ -1,0 +1,20 @@
+from aiokafka import AIOKafkaConsumer
+
+from schemas.settings import KafkaSettings, Settings
+from streams.app import build_app
+from streams.ops import ProcessState
+
+
+async def test_aiokafka_still_reads_the_fetch_wait_attribute_we_set() -> None:
+    # streams.faust_transport sets this private attribute before start();
+    # an aiokafka upgrade that renames it must fail here, not in production.
+    consumer = AIOKafkaConsumer(fetch_max_wait_ms=7)
+    assert consumer._fetch_max_wait_ms == 7
+
+
+def test_classifier_app_uses_the_tuned_transport() -> None:
+    settings = Settings(kafka=KafkaSettings(bootstrap="127.0.0.1:1", fetch_max_wait_ms=9))
+    app = build_app(settings, ProcessState())
+    assert type(app.transport).Consumer.__name__ == "TunedConsumer"
+    assert app.conf.topic_allow_declare is False
+    assert [str(url) for url in app.conf.broker] == ["kafka://127.0.0.1:1"]
