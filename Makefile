@@ -1,0 +1,38 @@
+# laneway: `make run` installs and runs the demo on the embedded stack;
+# `make test` installs and runs lint, types and the whole test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install run test lint bench up clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# llama-cpp-python builds from source once (~11 min on 2 cores); pip's wheel cache keeps it.
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/laneway demo
+
+up: install
+	$(BIN)/laneway up
+
+lint: install
+	$(BIN)/ruff check schemas streams workers tests
+	$(BIN)/ruff format --check schemas streams workers tests
+	$(BIN)/mypy
+
+# pytest exits 5 when it collects nothing; that is reported, not hidden.
+test: lint
+	$(BIN)/pytest; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+bench: install
+	$(BIN)/laneway bench --embedded -n 120
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
