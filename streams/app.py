@@ -109,7 +109,7 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
                 )
                 classified = Classified("rejected", [dlq])
             await send_all(classified.records)
-            _observe(classified, now_ms - record.timestamp_ms)
+            _observe(classified)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def _assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
@@ -119,12 +119,11 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
     return app
 
 
-def _observe(classified: Classified, age_ms: int) -> None:
+def _observe(classified: Classified) -> None:
     RECORDS.labels("classifier", classified.outcome).inc()
-    if classified.outcome in ("answered", "expired"):
-        lane = str(classified.lane or "none")
-        path = str(classified.path or "none")
-        status = "ok" if classified.outcome == "answered" else "error"
-        code = "" if status == "ok" else "INF-503"
-        RESULTS.labels(lane, path, status, code).inc()
-        LATENCY.labels(lane, path).observe(age_ms / 1000)
+    result = classified.result
+    if result is not None:
+        lane, path = str(result.lane or "none"), str(result.path or "none")
+        code = result.error.code if result.error else ""
+        RESULTS.labels(lane, path, result.status, code).inc()
+        LATENCY.labels(lane, path).observe(result.timings.total_ms / 1000)

@@ -18,7 +18,6 @@ from schemas.errors import DeadlineExceeded, InvalidRequest, LanewayError
 from schemas.messages import (
     InferenceRequest,
     InferenceResult,
-    Lane,
     Path,
     RoutedRequest,
     Timings,
@@ -49,8 +48,8 @@ class SourceRecord:
 class Classified:
     outcome: Literal["routed", "answered", "rejected", "expired"]
     records: list[Outbound]
-    lane: Lane | None = None
-    path: Path | None = None
+    result: InferenceResult | None = None
+    """The terminal result the classifier gave, if it gave one."""
 
 
 def classify_record(
@@ -77,7 +76,7 @@ def classify_record(
         result = InferenceResult.failure(
             request.id, expired, timings=_timings(age_ms), batch_id=request.batch_id
         )
-        return Classified("expired", _terminal(result, request, reply_to, now_ms, settings))
+        return Classified("expired", _terminal(result, request, reply_to, now_ms, settings), result)
 
     decision = decide(request, settings.routing, rules)
     if decision.rule is not None:
@@ -91,8 +90,9 @@ def classify_record(
             timings=_timings(age_ms),
             batch_id=request.batch_id,
         )
-        records = _terminal(result, request, reply_to, now_ms, settings)
-        return Classified("answered", records, decision.lane, Path.RULES)
+        return Classified(
+            "answered", _terminal(result, request, reply_to, now_ms, settings), result
+        )
 
     routed = RoutedRequest(
         request=request,
@@ -108,7 +108,7 @@ def classify_record(
     out = Outbound(
         settings.lane_topic(decision.lane), request.id.encode(), routed.model_dump_json().encode()
     )
-    return Classified("routed", [out], decision.lane, decision.path)
+    return Classified("routed", [out])
 
 
 def _timings(age_ms: float) -> Timings:
@@ -141,6 +141,7 @@ def _reject(
         )
     ]
     address = peek_reply_address(raw, settings.request_limits())
+    result = None
     if address is not None:
         request_id, reply_to = address
         result = InferenceResult.failure(
@@ -149,4 +150,4 @@ def _reject(
         records += terminal_records(
             result, reply_to=reply_to, tenant=None, now_ms=now_ms, settings=settings
         )
-    return Classified("rejected", records)
+    return Classified("rejected", records, result)

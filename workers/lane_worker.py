@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError
 from pydantic import ValidationError
 
 from schemas.errors import InvalidRequest
@@ -163,7 +164,13 @@ class LaneWorker:
         for record in records:
             tp = TopicPartition(record.topic, record.partition)
             offsets[tp] = max(offsets.get(tp, 0), record.offset + 1)
-        await self._consumer.commit(offsets)
+        try:
+            await self._consumer.commit(offsets)
+        except CommitFailedError as exc:
+            # The partitions moved to another worker while this batch ran. Its
+            # results are out; the new owner re-runs the batch and the client
+            # drops the duplicates.
+            log.warning("%s: commit after rebalance failed, batch will repeat: %s", self.lane, exc)
 
     async def close(self) -> None:
         self.state.ready = False
