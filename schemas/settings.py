@@ -73,6 +73,11 @@ class RedisSettings(BaseSettings):
 
     url: str = "redis://127.0.0.1:6379/0"
     """Redis or Valkey URL; ``laneway up`` starts an embedded Valkey when unset."""
+    key_prefix: str = "laneway"
+    timeout_s: float = Field(default=0.5, gt=0)
+    """Socket timeout: a slow or absent Redis never holds up a batch for longer."""
+    result_ttl_s: int = Field(default=3600, ge=1)
+    """How long a worker keeps each produced result for replay after a redelivery."""
 
 
 class LaneSettings(BaseSettings):

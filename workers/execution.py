@@ -106,21 +106,24 @@ class Executor:
         self.system_prompt = system_prompt
 
     async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
+        """One ``Finished`` per request, in the order of ``batch``."""
         started_ms = _now_ms()
-        finished: list[Finished] = []
-        live: dict[Path, list[RoutedRequest]] = {}
-        for routed in batch:
+        done: dict[int, Finished] = {}
+        live: dict[Path, list[int]] = {}
+        for i, routed in enumerate(batch):
             remaining = routed.remaining_ms(int(started_ms))
             if remaining is not None and remaining <= 0:
                 error = DeadlineExceeded(
                     f"deadline passed {-remaining:.0f} ms before the {self.lane} worker ran it"
                 )
-                finished.append(self._result(routed, error, None, started_ms, 0.0, len(batch)))
+                done[i] = self._result(routed, error, None, started_ms, 0.0, len(batch))
             else:
-                live.setdefault(routed.path, []).append(routed)
-        for path, group in live.items():
-            finished.extend(await self._run_path(path, group, len(batch)))
-        return finished
+                live.setdefault(routed.path, []).append(i)
+        for path, indexes in live.items():
+            group = [batch[i] for i in indexes]
+            finished = await self._run_path(path, group, len(batch))
+            done.update(zip(indexes, finished, strict=True))
+        return [done[i] for i in range(len(batch))]
 
     async def _run_path(
         self, path: Path, group: list[RoutedRequest], batch_size: int

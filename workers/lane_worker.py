@@ -4,7 +4,9 @@ Delivery is at-least-once. Offsets are committed by hand, only after every
 result of the batch (reply, ``results`` and quality event) has been
 acknowledged by the broker, so a worker killed mid-batch loses nothing: its
 records are delivered again to the next owner of the partition, and the
-client SDK drops the duplicate replies. faust is not used here because it
+client SDK drops the duplicate replies. Results are also kept in Redis by
+lane record (``workers.result_store``), so a batch redelivered after its
+results went out is answered again without running the models. faust is not used here because it
 acks a ``take()`` batch even when the batch raised.
 """
 
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError
+from prometheus_client import Counter
 from pydantic import ValidationError
 
 from schemas.errors import InvalidRequest
@@ -27,10 +30,17 @@ from streams.envelopes import Outbound, dlq_record, terminal_records
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from workers.batcher import collect_batch
 from workers.execution import Executor, backend_slots
+from workers.result_store import RecordKey, ResultStore
 
-__all__ = ["LaneWorker"]
+__all__ = ["LaneWorker", "serve_lane"]
 
 log = logging.getLogger(__name__)
+
+REPLAYED = Counter(
+    "laneway_results_replayed_total",
+    "Redelivered requests answered from the result store instead of a model",
+    ["lane"],
+)
 
 
 class LaneWorker:
@@ -40,6 +50,7 @@ class LaneWorker:
         lane: Lane,
         state: ProcessState | None = None,
         executor: Executor | None = None,
+        store: ResultStore | None = None,
     ) -> None:
         self.settings = settings
         self.lane = lane
@@ -48,6 +59,7 @@ class LaneWorker:
         self.executor = executor or Executor(
             lane, backend_slots(settings.backend), settings.backend.system_prompt
         )
+        self.store = store
         self.topic = settings.lane_topic(lane)
         self._stopping = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
@@ -111,44 +123,64 @@ class LaneWorker:
         return [record for batch in polled.values() for record in batch]
 
     async def process(self, records: Sequence[ConsumerRecord]) -> None:
-        """Run one batch, produce its results, then commit its offsets."""
+        """Run one batch, produce its results, keep them, then commit."""
         outbound: list[Outbound] = []
-        batch: list[RoutedRequest] = []
+        batch: list[tuple[RecordKey, RoutedRequest]] = []
         for record in records:
             try:
-                batch.append(RoutedRequest.model_validate_json(record.value or b""))
+                routed = RoutedRequest.model_validate_json(record.value or b"")
             except ValidationError as exc:
-                error = InvalidRequest(f"lane record is not a RoutedRequest: {exc.errors()[:3]}")
-                outbound.append(
-                    dlq_record(
-                        record.value or b"",
-                        record.key,
-                        error,
-                        source_topic=record.topic,
-                        source_offset=record.offset,
-                        settings=self.settings,
-                    )
-                )
-                RECORDS.labels(f"worker-{self.lane}", "rejected").inc()
-        finished = await self.executor.execute(batch)
+                outbound.append(self._reject(record, exc))
+                continue
+            batch.append(((record.topic, record.partition, record.offset), routed))
+
+        stored = await self.store.get_many([key for key, _ in batch]) if self.store else {}
+        fresh = [(key, routed) for key, routed in batch if key not in stored]
+        finished = await self.executor.execute([routed for _, routed in fresh])
+        answers = [
+            (key, item.routed, item.result) for (key, _), item in zip(fresh, finished, strict=True)
+        ]
+        replayed = [(key, routed, stored[key]) for key, routed in batch if key in stored]
+        if replayed:
+            REPLAYED.labels(self.lane).inc(len(replayed))
+            log.info(
+                "%s: %d redelivered requests answered from the result store",
+                self.lane,
+                len(replayed),
+            )
+
         now_ms = int(time.time() * 1000)
-        for item in finished:
+        for _, routed, result in answers + replayed:
             outbound += terminal_records(
-                item.result,
-                reply_to=item.routed.reply_to,
-                tenant=item.routed.request.tenant,
+                result,
+                reply_to=routed.reply_to,
+                tenant=routed.request.tenant,
                 now_ms=now_ms,
                 settings=self.settings,
             )
         await self._produce(outbound)
+        if self.store is not None:
+            await self.store.put_many([(key, result) for key, _, result in answers])
         await self._commit(records)
-        BATCH_SIZE.labels(self.lane).observe(len(batch))
-        for item in finished:
-            result = item.result
+
+        BATCH_SIZE.labels(self.lane).observe(len(fresh))
+        for _, _, result in answers:
             code = result.error.code if result.error else ""
             RECORDS.labels(f"worker-{self.lane}", result.status).inc()
             RESULTS.labels(self.lane, result.path, result.status, code).inc()
             LATENCY.labels(self.lane, result.path).observe(result.timings.total_ms / 1000)
+
+    def _reject(self, record: ConsumerRecord, exc: ValidationError) -> Outbound:
+        RECORDS.labels(f"worker-{self.lane}", "rejected").inc()
+        error = InvalidRequest(f"lane record is not a RoutedRequest: {exc.errors()[:3]}")
+        return dlq_record(
+            record.value or b"",
+            record.key,
+            error,
+            source_topic=record.topic,
+            source_offset=record.offset,
+            settings=self.settings,
+        )
 
     async def _produce(self, outbound: Sequence[Outbound]) -> None:
         assert self._producer is not None
@@ -179,13 +211,21 @@ class LaneWorker:
         if self._producer is not None:
             await self._producer.stop()
         await self.executor.close()
+        if self.store is not None:
+            await self.store.close()
 
 
 async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_s: float) -> None:
     """Run a worker until SIGTERM/SIGINT. The batch in flight then gets
     ``drain_s`` to finish and commit; past that it is abandoned uncommitted
     and will be delivered again to the next worker."""
-    worker = LaneWorker(settings, lane, state)
+    store = ResultStore.from_url(
+        settings.redis.url,
+        prefix=settings.redis.key_prefix,
+        ttl_s=settings.redis.result_ttl_s,
+        timeout_s=settings.redis.timeout_s,
+    )
+    worker = LaneWorker(settings, lane, state, store=store)
     await worker.start()
     loop = asyncio.get_running_loop()
     runner = asyncio.ensure_future(worker.run())

@@ -1,0 +1,101 @@
+"""The worker's result store on real Redis/Valkey and a real broker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+
+from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.settings import BackendSettings, Settings
+from streams.embedded import free_port
+from streams.topics import create_topics
+from tests.integration.conftest import read_topic
+from workers.execution import Executor, backend_slots
+from workers.lane_worker import LaneWorker
+from workers.result_store import REDIS_ERRORS, ResultStore
+
+
+def store_for(settings: Settings, prefix: str) -> ResultStore:
+    return ResultStore.from_url(settings.redis.url, prefix=prefix, ttl_s=60, timeout_s=0.5)
+
+
+async def test_results_round_trip_with_a_ttl(settings: Settings) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    store = store_for(settings, prefix)
+    result = InferenceResult(id="r1", status="ok", output="hi")
+    try:
+        await store.put_many([(("lane", 0, 5), result)])
+        found = await store.get_many([("lane", 0, 5), ("lane", 0, 6)])
+    finally:
+        await store.close()
+    assert found == {("lane", 0, 5): result}
+    client = aioredis.from_url(settings.redis.url)
+    try:
+        assert 0 < await client.ttl(f"{prefix}:done:lane:0:5") <= 60
+    finally:
+        await client.aclose()
+
+
+async def test_store_fails_open_without_redis() -> None:
+    store = ResultStore.from_url(
+        f"redis://127.0.0.1:{free_port()}/0", prefix="x", ttl_s=60, timeout_s=0.2
+    )
+    before = REDIS_ERRORS.labels("get")._value.get()
+    try:
+        assert await store.get_many([("lane", 0, 1)]) == {}
+        await store.put_many([(("lane", 0, 1), InferenceResult(id="r", status="ok"))])
+    finally:
+        await store.close()
+    assert REDIS_ERRORS.labels("get")._value.get() == before + 1
+
+
+async def test_redelivered_batch_is_answered_from_the_store(settings: Settings) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
+    own = settings.model_copy(update={"kafka": kafka, "app_id": prefix})
+    await create_topics(own)
+    now = int(time.time() * 1000)
+    routed = RoutedRequest(
+        request=InferenceRequest(id=f"{prefix}-1", prompt="ping"),
+        lane=Lane.REALTIME,
+        path=Path.RULES,
+        reply_to=own.replies_topic,
+        produced_at_ms=now,
+        routed_at_ms=now,
+    )
+    producer = AIOKafkaProducer(**own.kafka.client_options())
+    await producer.start()
+    await producer.send_and_wait(own.lane_topic(Lane.REALTIME), routed.model_dump_json().encode())
+    await producer.stop()
+
+    rules_only = backend_slots(BackendSettings(light="rules", heavy="rules"))
+    worker = LaneWorker(
+        own,
+        Lane.REALTIME,
+        executor=Executor(Lane.REALTIME, rules_only),
+        store=store_for(own, prefix),
+    )
+    await worker.start()
+    try:
+        records = []
+        for _ in range(20):
+            records += await worker._fetch(0.5, 10)
+            if records:
+                break
+        assert len(records) == 1
+        await worker.process(records)
+        # The same records again, as after a crash before the commit, on a
+        # worker that has no backend at all: only the store can answer.
+        worker.executor = Executor(Lane.REALTIME, {})
+        await worker.process(records)
+    finally:
+        await worker.close()
+
+    replies = await read_topic(own, own.replies_topic)
+    results = [InferenceResult.model_validate_json(r.value) for r in replies]
+    assert [r.id for r in results] == [routed.request.id] * 2
+    assert results[0] == results[1]
+    assert results[0].status == "ok" and results[0].output == "pong"

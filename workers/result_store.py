@@ -1,0 +1,84 @@
+"""Terminal results kept in Redis, keyed by the lane record they answer.
+
+A worker that dies after producing a batch's results but before committing
+its offsets gets the batch again on restart. With the store it re-sends the
+stored results (the client drops them as duplicates) instead of running the
+models a second time. The key is the lane record's topic, partition and
+offset, which a redelivery repeats and no other request shares.
+
+Redis is never in the way: every error is logged, counted and treated as a
+miss (fail-open), with short socket timeouts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from prometheus_client import Counter
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
+from schemas.messages import InferenceResult
+
+__all__ = ["REDIS_ERRORS", "RecordKey", "ResultStore"]
+
+log = logging.getLogger(__name__)
+
+REDIS_ERRORS = Counter(
+    "laneway_redis_errors_total", "Redis calls that failed (laneway went on without)", ["op"]
+)
+
+RecordKey = tuple[str, int, int]
+"""(topic, partition, offset) of a lane record."""
+
+
+class ResultStore:
+    def __init__(self, client: aioredis.Redis, *, prefix: str, ttl_s: int) -> None:
+        self._redis = client
+        self._prefix = prefix
+        self._ttl_s = ttl_s
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str, ttl_s: int, timeout_s: float) -> ResultStore:
+        client = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        return cls(client, prefix=prefix, ttl_s=ttl_s)
+
+    def _key(self, record: RecordKey) -> str:
+        topic, partition, offset = record
+        return f"{self._prefix}:done:{topic}:{partition}:{offset}"
+
+    async def get_many(self, records: Sequence[RecordKey]) -> dict[RecordKey, InferenceResult]:
+        if not records:
+            return {}
+        try:
+            values = await self._redis.mget([self._key(r) for r in records])
+        except (RedisError, OSError) as exc:
+            REDIS_ERRORS.labels("get").inc()
+            log.warning("result store unavailable, running the batch: %s", exc)
+            return {}
+        found = {}
+        for record, value in zip(records, values, strict=True):
+            if value is None:
+                continue
+            try:
+                found[record] = InferenceResult.model_validate_json(value)
+            except ValidationError:
+                log.warning("unreadable stored result for %s; running it again", record)
+        return found
+
+    async def put_many(self, results: Sequence[tuple[RecordKey, InferenceResult]]) -> None:
+        if not results:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for record, result in results:
+                    pipe.set(self._key(record), result.model_dump_json(), ex=self._ttl_s)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            REDIS_ERRORS.labels("put").inc()
+            log.warning("result store unavailable, results not kept: %s", exc)
+
+    async def close(self) -> None:
+        await self._redis.aclose()
