@@ -100,14 +100,20 @@ class Stack:
     # -- lifecycle ---------------------------------------------------------
 
     def start(self, ready_timeout_s: float = 180.0) -> Stack:
-        self.broker.start()
-        if self.redis is not None:
-            self.redis.start()
-        settings = self.settings
-        asyncio.run(self._prepare(settings))
-        for child in self.children:
-            self._spawn(child)
-        self.wait_ready(ready_timeout_s)
+        """Start everything and wait until every child is ready. On failure
+        whatever was started is stopped again before the error propagates."""
+        try:
+            self.broker.start()
+            if self.redis is not None:
+                self.redis.start()
+            settings = self.settings
+            asyncio.run(self._prepare(settings))
+            for child in self.children:
+                self._spawn(child)
+            self.wait_ready(ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
         self._say(f"bootstrap: {settings.kafka.bootstrap}")
         self._say(f"redis: {settings.redis.url}")
         for child in self.children:
