@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from schemas.messages import Lane
 from schemas.settings import Settings
+from streams.ops import OpsServer, ProcessState
 
 __all__ = ["main"]
 
@@ -94,43 +96,39 @@ def _topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _ops_endpoints(settings: Settings) -> Iterator[ProcessState]:
+    """/metrics, /healthz and /readyz for the life of a long-running process."""
+    state = ProcessState()
+    ops = (
+        OpsServer(settings.http_host, settings.http_port, state).start()
+        if settings.http_port
+        else None
+    )
+    try:
+        yield state
+    finally:
+        if ops is not None:
+            ops.close()
+
+
 def _classifier(settings: Settings, args: argparse.Namespace) -> int:
     import faust
 
     from streams.app import build_app
-    from streams.ops import OpsServer, ProcessState
 
-    state = ProcessState()
-    ops = (
-        OpsServer(settings.http_host, settings.http_port, state).start()
-        if settings.http_port
-        else None
-    )
-    app = build_app(settings, state)
-    worker = faust.Worker(app, loglevel=settings.log_level, override_logging=False)
-    try:
+    with _ops_endpoints(settings) as state:
+        app = build_app(settings, state)
+        worker = faust.Worker(app, loglevel=settings.log_level, override_logging=False)
         worker.execute_from_commandline()  # returns through SystemExit on stop
-    finally:
-        if ops is not None:
-            ops.close()
     return 0
 
 
 def _worker(settings: Settings, args: argparse.Namespace) -> int:
-    from streams.ops import OpsServer, ProcessState
     from workers.lane_worker import serve_lane
 
-    state = ProcessState()
-    ops = (
-        OpsServer(settings.http_host, settings.http_port, state).start()
-        if settings.http_port
-        else None
-    )
-    try:
+    with _ops_endpoints(settings) as state:
         asyncio.run(serve_lane(settings, Lane(args.lane), state, args.drain_s))
-    finally:
-        if ops is not None:
-            ops.close()
     return 0
 
 
