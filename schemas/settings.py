@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path as FsPath
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.messages import Lane, RequestLimits
@@ -20,9 +20,11 @@ __all__ = [
     "KafkaSettings",
     "LaneSettings",
     "LimitsSettings",
+    "RateLimitSettings",
     "RedisSettings",
     "RoutingSettings",
     "Settings",
+    "TenantLimit",
 ]
 
 
@@ -78,6 +80,32 @@ class RedisSettings(BaseSettings):
     """Socket timeout: a slow or absent Redis never holds up a batch for longer."""
     result_ttl_s: int = Field(default=3600, ge=1)
     """How long a worker keeps each produced result for replay after a redelivery."""
+
+
+class TenantLimit(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rps: float = Field(gt=0)
+    """Sustained requests per second."""
+    burst: int = Field(ge=1)
+    """Requests that may arrive at once after a quiet spell."""
+
+
+class RateLimitSettings(BaseSettings):
+    """Per-tenant token buckets in Redis, checked by the classifier."""
+
+    model_config = _config("LANEWAY_RATELIMIT_")
+
+    enabled: bool = True
+    default: TenantLimit = TenantLimit(rps=50.0, burst=100)
+    """Limit of a tenant not listed in ``tenants`` (and of requests without one)."""
+    tenants: dict[str, TenantLimit] = Field(default_factory=dict)
+    """Per-tenant limits, e.g. ``LANEWAY_RATELIMIT_TENANTS='{"acme": {"rps": 5, "burst": 10}}'``."""
+    fail_open: bool = True
+    """When Redis cannot be reached: admit (True) or refuse with INF-429 (False)."""
+
+    def limit_for(self, tenant: str | None) -> TenantLimit:
+        return self.tenants.get(tenant or "", self.default)
 
 
 class LaneSettings(BaseSettings):
@@ -184,6 +212,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     backend: BackendSettings = Field(default_factory=BackendSettings)
     realtime: LaneSettings = Field(default_factory=RealtimeLaneSettings)
     medium: LaneSettings = Field(default_factory=MediumLaneSettings)

@@ -1,7 +1,8 @@
 """The faust application and its classifier agent.
 
 The agent is thin: it turns each event into a ``SourceRecord``, calls the
-pure ``classify_record`` and produces what it returns, waiting for the
+pure ``classify_record``, asks the tenant's rate limiter about an accepted
+request, and produces what it returns, waiting for the
 broker's acknowledgement before the event is acked (at-least-once).
 Concurrency stays 1 per agent: with more, faust can commit past a message
 still in flight (faust #606); scale by partitions instead.
@@ -14,13 +15,15 @@ import time
 from typing import Any
 
 import faust
+import redis.asyncio as aioredis
 
 from schemas.errors import BackendUnavailable
 from schemas.settings import Settings
-from streams.classifier import Classified, SourceRecord, classify_record
+from streams.classifier import Classified, SourceRecord, classify_record, refuse_over_limit
 from streams.envelopes import Outbound, dlq_record
 from streams.faust_transport import LanewayApp
 from streams.ops import LATENCY, RECORDS, RESULTS, ProcessState
+from streams.ratelimit import RateLimiter
 from streams.rules import RuleBook
 
 __all__ = ["build_app"]
@@ -44,6 +47,15 @@ def _faust_broker_options(settings: Settings) -> dict[str, Any]:
 
 def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = None) -> faust.App:
     rules = rules or RuleBook()
+    limiter = RateLimiter(
+        aioredis.from_url(
+            settings.redis.url,
+            socket_timeout=settings.redis.timeout_s,
+            socket_connect_timeout=settings.redis.timeout_s,
+        ),
+        settings.ratelimit,
+        settings.redis.key_prefix,
+    )
     app = LanewayApp(
         settings.app_id,
         fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
@@ -96,6 +108,16 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
             now_ms = int(time.time() * 1000)
             try:
                 classified = classify_record(record, now_ms=now_ms, settings=settings, rules=rules)
+                if classified.request is not None:
+                    verdict = await limiter.check(classified.request.tenant)
+                    if not verdict.allowed:
+                        classified = refuse_over_limit(
+                            classified,
+                            verdict.retry_after_ms,
+                            age_ms=now_ms - record.timestamp_ms,
+                            now_ms=now_ms,
+                            settings=settings,
+                        )
             except Exception as exc:  # a bug must not stall the partition
                 log.exception("classifier failed on %s:%s", record.topic, record.offset)
                 error = BackendUnavailable(f"classifier error: {type(exc).__name__}: {exc}")

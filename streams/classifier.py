@@ -7,6 +7,9 @@ record to ``classify_record`` and produces the records it returns. Outcomes:
 - deadline passed      -> INF-503 result
 - a rule owns it       -> the rule's answer, path ``rules``
 - otherwise            -> a ``RoutedRequest`` on the chosen lane topic
+
+An accepted request whose tenant is over its rate limit is turned into an
+INF-429 result by ``refuse_over_limit`` (the agent asks the limiter).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.errors import DeadlineExceeded, InvalidRequest, LanewayError
+from schemas.errors import DeadlineExceeded, InvalidRequest, LanewayError, RateLimited
 from schemas.messages import (
     InferenceRequest,
     InferenceResult,
@@ -29,7 +32,7 @@ from streams.envelopes import Outbound, dlq_record, terminal_records
 from streams.policy import decide
 from streams.rules import RuleBook
 
-__all__ = ["Classified", "SourceRecord", "classify_record"]
+__all__ = ["Classified", "SourceRecord", "classify_record", "refuse_over_limit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +49,13 @@ class SourceRecord:
 
 @dataclass(frozen=True, slots=True)
 class Classified:
-    outcome: Literal["routed", "answered", "rejected", "expired"]
+    outcome: Literal["routed", "answered", "rejected", "expired", "limited"]
     records: list[Outbound]
     result: InferenceResult | None = None
     """The terminal result the classifier gave, if it gave one."""
+    request: InferenceRequest | None = None
+    """The accepted request (routed or answered), for the rate limiter."""
+    reply_to: str | None = None
 
 
 def classify_record(
@@ -90,9 +96,8 @@ def classify_record(
             timings=_timings(age_ms),
             batch_id=request.batch_id,
         )
-        return Classified(
-            "answered", _terminal(result, request, reply_to, now_ms, settings), result
-        )
+        records = _terminal(result, request, reply_to, now_ms, settings)
+        return Classified("answered", records, result, request, reply_to)
 
     routed = RoutedRequest(
         request=request,
@@ -108,7 +113,26 @@ def classify_record(
     out = Outbound(
         settings.lane_topic(decision.lane), request.id.encode(), routed.model_dump_json().encode()
     )
-    return Classified("routed", [out])
+    return Classified("routed", [out], None, request, reply_to)
+
+
+def refuse_over_limit(
+    classified: Classified, retry_after_ms: int, *, age_ms: int, now_ms: int, settings: Settings
+) -> Classified:
+    """An accepted request whose tenant is over its rate limit: instead of
+    its route or answer, an INF-429 result that says when to retry."""
+    request, reply_to = classified.request, classified.reply_to
+    if request is None or reply_to is None:
+        return classified
+    error = RateLimited(
+        f"tenant {request.tenant or '-'!r} is over its rate limit; retry in {retry_after_ms} ms",
+        retry_after_ms=retry_after_ms,
+    )
+    result = InferenceResult.failure(
+        request.id, error, timings=_timings(age_ms), batch_id=request.batch_id
+    )
+    records = _terminal(result, request, reply_to, now_ms, settings)
+    return Classified("limited", records, result, request, reply_to)
 
 
 def _timings(age_ms: float) -> Timings:

@@ -17,6 +17,7 @@ __all__ = [
     "BATCH_SIZE",
     "LATENCY",
     "RECORDS",
+    "REDIS_ERRORS",
     "RESULTS",
     "OpsServer",
     "ProcessState",
@@ -40,6 +41,10 @@ LATENCY = Histogram(
 )
 BATCH_SIZE = Histogram(
     "laneway_batch_size", "Requests per worker batch", ["lane"], buckets=(1, 2, 4, 8, 16, 32, 64)
+)
+
+REDIS_ERRORS = Counter(
+    "laneway_redis_errors_total", "Redis calls that failed (laneway went on without)", ["op"]
 )
 
 

@@ -16,19 +16,15 @@ import logging
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
-from prometheus_client import Counter
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from schemas.messages import InferenceResult
+from streams.ops import REDIS_ERRORS
 
-__all__ = ["REDIS_ERRORS", "RecordKey", "ResultStore"]
+__all__ = ["RecordKey", "ResultStore"]
 
 log = logging.getLogger(__name__)
-
-REDIS_ERRORS = Counter(
-    "laneway_redis_errors_total", "Redis calls that failed (laneway went on without)", ["op"]
-)
 
 RecordKey = tuple[str, int, int]
 """(topic, partition, offset) of a lane record."""

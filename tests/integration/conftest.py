@@ -24,6 +24,8 @@ CHILD_ENV = {
     "LANEWAY_BULK_MAX_BATCH_SIZE": "4",
     "LANEWAY_BULK_MAX_WAIT_MS": "300",
     "LANEWAY_LOG_LEVEL": "INFO",
+    # A tenant with a tiny quota for the rate-limit test.
+    "LANEWAY_RATELIMIT_TENANTS": '{"tiny": {"rps": 0.1, "burst": 2}}',
 }
 
 

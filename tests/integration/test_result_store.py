@@ -11,11 +11,12 @@ from aiokafka import AIOKafkaProducer
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings, Settings
 from streams.embedded import free_port
+from streams.ops import REDIS_ERRORS
 from streams.topics import create_topics
 from tests.integration.conftest import read_topic
 from workers.execution import Executor, backend_slots
 from workers.lane_worker import LaneWorker
-from workers.result_store import REDIS_ERRORS, ResultStore
+from workers.result_store import ResultStore
 
 
 def store_for(settings: Settings, prefix: str) -> ResultStore:
