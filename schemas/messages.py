@@ -223,6 +223,10 @@ class InferenceResult(WireModel):
     usage: Usage = Field(default_factory=Usage)
     timings: Timings = Field(default_factory=Timings)
     batch_id: str | None = None
+    degraded: bool = False
+    """Served by a fallback path, not the one the router chose."""
+    requested_path: Path | None = None
+    """The path the router chose, when ``degraded``."""
 
     @classmethod
     def failure(

@@ -193,6 +193,11 @@ class BackendSettings(BaseSettings):
     openai_api_key: SecretStr = SecretStr("none")
     openai_timeout_s: float = Field(default=60.0, gt=0)
     vllm_gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
+    breaker_failures: int = Field(default=5, ge=1)
+    """Failed batches within ``breaker_window_s`` that open a backend's circuit."""
+    breaker_window_s: float = Field(default=30.0, gt=0)
+    breaker_cooldown_s: float = Field(default=10.0, gt=0)
+    """How long an open circuit waits before one probe batch is let through."""
     load_retry_s: float = Field(default=30.0, ge=0)
     """After a failed model load, requests get INF-502 until this much time has passed."""
 

@@ -5,6 +5,12 @@ rest are grouped by path and run on that path's backend, with each request
 bounded by the time left before its deadline. A backend that failed to load
 answers INF-502 for its requests (and is retried after ``load_retry_s``)
 instead of killing the worker.
+
+Each path's backend sits behind a circuit breaker. Requests that fail for
+the backend's sake (INF-502, CUDA-ERR, MEM-ERR after the batch was split in
+halves down to single requests), or whose breaker is open, go down the next
+eligible path (heavy <-> light) and come back marked ``degraded`` with the
+path the router chose; INF-502 only when no path can serve.
 """
 
 from __future__ import annotations
@@ -15,8 +21,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
-from schemas.errors import BackendUnavailable, DeadlineExceeded, LanewayError
+from schemas.errors import (
+    BackendUnavailable,
+    CudaFailure,
+    DeadlineExceeded,
+    LanewayError,
+    OutOfMemory,
+)
 from schemas.messages import ChatMessage, InferenceResult, Lane, Path, RoutedRequest, Timings, Usage
 from schemas.settings import BackendSettings
 from workers.backends.base import (
@@ -27,6 +40,7 @@ from workers.backends.base import (
     map_backend_exception,
 )
 from workers.batcher import run_batch
+from workers.breaker import CircuitBreaker
 
 __all__ = ["BackendSlot", "Executor", "backend_slots"]
 
@@ -41,8 +55,15 @@ class BackendSlot:
     """One path's backend, loaded on first use; a failed load is remembered
     and retried no sooner than ``retry_s`` later."""
 
-    def __init__(self, factory: Callable[[], Backend], retry_s: float, label: str) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Backend],
+        retry_s: float,
+        label: str,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
         self._factory = factory
+        self.breaker = breaker or CircuitBreaker(failures=5, window_s=30.0, cooldown_s=10.0)
         self._retry_s = retry_s
         self.label = label
         self.backend: Backend | None = None
@@ -88,9 +109,43 @@ def backend_slots(settings: BackendSettings) -> dict[Path, BackendSlot]:
             functools.partial(create_backend, kind, model, settings),
             settings.load_retry_s,
             f"{path}={kind}:{model}",
+            CircuitBreaker(
+                failures=settings.breaker_failures,
+                window_s=settings.breaker_window_s,
+                cooldown_s=settings.breaker_cooldown_s,
+            ),
         )
         for path, (kind, model) in wanted.items()
     }
+
+
+FALLBACK: dict[Path, tuple[Path, ...]] = {
+    Path.HEAVY: (Path.LIGHT,),
+    Path.LIGHT: (Path.HEAVY,),
+    Path.RULES: (),
+    Path.CACHE: (),
+}
+"""Where a path's requests go when its backend cannot serve them."""
+
+
+def _backend_failed(outcome: Generation | LanewayError) -> TypeGuard[LanewayError]:
+    """A failure of the backend, not of the request: another path may serve it."""
+    return isinstance(outcome, BackendUnavailable | CudaFailure | OutOfMemory)
+
+
+async def _infer_splitting(
+    backend: Backend, inputs: list[GenerationInput]
+) -> list[Generation | LanewayError]:
+    """Out of memory on a batch: run its halves, down to single requests,
+    before answering MEM-ERR."""
+    outcomes = await run_batch(backend.infer_batch, inputs, map_backend_exception)
+    if len(inputs) > 1 and all(isinstance(o, OutOfMemory) for o in outcomes):
+        half = len(inputs) // 2
+        log.warning("out of memory on a batch of %d; retrying in halves", len(inputs))
+        return await _infer_splitting(backend, inputs[:half]) + await _infer_splitting(
+            backend, inputs[half:]
+        )
+    return outcomes
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,27 +183,54 @@ class Executor:
     async def _run_path(
         self, path: Path, group: list[RoutedRequest], batch_size: int
     ) -> list[Finished]:
-        started_ms = _now_ms()
-        slot = self.slots.get(path)
-        model: str | None = None
-        if slot is None:
-            outcomes: list[Generation | LanewayError] = [
-                BackendUnavailable(f"no backend serves path {path!r}")
-            ] * len(group)
-        else:
-            try:
-                backend = await slot.get()
-            except LanewayError as error:
-                outcomes = [error] * len(group)
-            else:
-                model = f"{backend.kind}:{backend.model}"
-                inputs = [self._input(routed, started_ms) for routed in group]
-                outcomes = await run_batch(backend.infer_batch, inputs, map_backend_exception)
-        inference_ms = _now_ms() - started_ms
-        return [
-            self._result(routed, outcome, model, started_ms, inference_ms, batch_size)
-            for routed, outcome in zip(group, outcomes, strict=True)
-        ]
+        """Run ``group`` on its path; what fails there for the backend's sake
+        (unreachable, CUDA, out of memory) or meets an open breaker moves on
+        to the next eligible path and is marked degraded."""
+        done: dict[int, Finished] = {}
+        pending = list(range(len(group)))
+        errors: dict[int, LanewayError] = {}
+        skipped: list[str] = []
+        for candidate in (path, *FALLBACK[path]):
+            slot = self.slots.get(candidate)
+            if not pending:
+                break
+            if slot is None:
+                skipped.append(f"no backend serves {candidate}")
+                continue
+            if not slot.breaker.allow():
+                skipped.append(f"{candidate} circuit open")
+                continue
+            started_ms = _now_ms()
+            model, outcomes = await self._run_on(slot, [group[i] for i in pending], started_ms)
+            inference_ms = _now_ms() - started_ms
+            slot.breaker.record(ok=not all(_backend_failed(o) for o in outcomes))
+            still: list[int] = []
+            for i, outcome in zip(pending, outcomes, strict=True):
+                if _backend_failed(outcome):
+                    errors[i] = outcome
+                    still.append(i)
+                    continue
+                done[i] = self._result(
+                    group[i], outcome, model, started_ms, inference_ms, batch_size, candidate
+                )
+            pending = still
+        now = _now_ms()
+        for i in pending:
+            error = errors.get(i) or BackendUnavailable(
+                f"no path can serve {path}: {'; '.join(skipped)}"
+            )
+            done[i] = self._result(group[i], error, None, now, 0.0, batch_size, path)
+        return [done[i] for i in range(len(group))]
+
+    async def _run_on(
+        self, slot: BackendSlot, group: list[RoutedRequest], started_ms: float
+    ) -> tuple[str | None, list[Generation | LanewayError]]:
+        try:
+            backend = await slot.get()
+        except LanewayError as error:
+            return None, [error] * len(group)
+        inputs = [self._input(routed, started_ms) for routed in group]
+        return f"{backend.kind}:{backend.model}", await _infer_splitting(backend, inputs)
 
     def _input(self, routed: RoutedRequest, now_ms: float) -> GenerationInput:
         remaining = routed.remaining_ms(int(now_ms))
@@ -171,8 +253,11 @@ class Executor:
         started_ms: float,
         inference_ms: float,
         batch_size: int,
+        served_by: Path | None = None,
     ) -> Finished:
         now = _now_ms()
+        path = served_by or routed.path
+        degraded = path != routed.path
         timings = Timings(
             queue_ms=round(max(0.0, started_ms - routed.produced_at_ms), 3),
             inference_ms=round(inference_ms, 3),
@@ -185,7 +270,7 @@ class Executor:
                 request.id,
                 outcome,
                 lane=self.lane,
-                path=routed.path,
+                path=path,
                 model=model,
                 timings=timings,
                 batch_id=request.batch_id,
@@ -196,7 +281,9 @@ class Executor:
                 status="ok",
                 output=outcome.text,
                 lane=self.lane,
-                path=routed.path,
+                path=path,
+                degraded=degraded,
+                requested_path=routed.path if degraded else None,
                 model=model,
                 usage=Usage(
                     prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens

@@ -15,6 +15,7 @@ from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings
 from workers.backends.base import (
     Backend,
+    Generation,
     GenerationInput,
     Outcome,
     create_backend,
@@ -101,7 +102,11 @@ async def test_remaining_deadline_bounds_inference_and_system_prompt_is_added() 
 
 
 async def test_missing_model_gives_inf_502_and_is_not_retried_at_once() -> None:
-    settings = BackendSettings(light_model="/nonexistent/model.gguf", load_retry_s=60)
+    settings = BackendSettings(
+        light_model="/nonexistent/light.gguf",
+        heavy_model="/nonexistent/heavy.gguf",
+        load_retry_s=60,
+    )
     slots = backend_slots(settings)
     executor = Executor(Lane.REALTIME, slots)
     for _ in range(2):
@@ -165,3 +170,69 @@ def test_transcript_for_base_models() -> None:
     assert as_transcript(request.chat()) == (
         "Be brief.\nQuestion: Hi?\nAnswer: Hello.\nQuestion: Capital of France?\nAnswer:"
     )
+
+
+def rules_slot() -> BackendSlot:
+    return backend_slots(BackendSettings())[Path.RULES]
+
+
+async def test_failing_path_falls_back_and_its_breaker_opens() -> None:
+    heavy = Exploding(RuntimeError("connection refused"))
+    slots = {Path.HEAVY: slot_of(heavy), Path.LIGHT: rules_slot()}
+    executor = Executor(Lane.MEDIUM, slots)
+    for _ in range(5):
+        (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+        result = done.result
+        assert result.status == "ok" and result.output == "pong"
+        assert result.path == "light" and result.degraded and result.requested_path == "heavy"
+    assert slots[Path.HEAVY].breaker.state == "open"
+    calls = len(heavy.seen)
+    (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+    assert done.result.degraded and len(heavy.seen) == calls  # the open circuit is skipped
+
+
+async def test_no_path_left_is_inf_502_naming_why() -> None:
+    heavy = Exploding(RuntimeError("connection refused"))
+    slots = {Path.HEAVY: slot_of(heavy)}
+    executor = Executor(Lane.MEDIUM, slots)
+    (done,) = await executor.execute([routed("q", Path.HEAVY)])
+    assert done.result.error is not None and done.result.error.code == "INF-502"
+    assert "connection refused" in done.result.error.message
+    for _ in range(4):
+        await executor.execute([routed("q", Path.HEAVY)])
+    (done,) = await executor.execute([routed("q", Path.HEAVY)])
+    assert done.result.error is not None
+    assert "heavy circuit open" in done.result.error.message
+    assert "no backend serves light" in done.result.error.message
+
+
+class RoomForOne:
+    """Runs out of memory on any batch of more than one request."""
+
+    kind = "roomforone"
+    model = "m"
+
+    def __init__(self) -> None:
+        self.batch_sizes: list[int] = []
+
+    async def load(self) -> None: ...
+
+    async def infer_batch(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
+        self.batch_sizes.append(len(inputs))
+        if len(inputs) > 1:
+            raise MemoryError("cannot allocate KV cache")
+        return [Generation(text="ok", prompt_tokens=1, completion_tokens=1)]
+
+    async def check_health(self) -> bool:
+        return True
+
+    async def close(self) -> None: ...
+
+
+async def test_out_of_memory_splits_the_batch_before_mem_err() -> None:
+    backend = RoomForOne()
+    executor = Executor(Lane.BULK, {Path.HEAVY: slot_of(backend)})
+    finished = await executor.execute([routed(f"q{i}", Path.HEAVY, rid=f"r{i}") for i in range(4)])
+    assert [f.result.status for f in finished] == ["ok"] * 4
+    assert not any(f.result.degraded for f in finished)
+    assert backend.batch_sizes == [4, 2, 1, 1, 2, 1, 1]
