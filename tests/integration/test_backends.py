@@ -4,19 +4,23 @@ OpenAI-compatible server, as vLLM's would be), vLLM where a GPU exists."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from pathlib import Path as FsPath
 
 import pytest
 
 from schemas.errors import BackendUnavailable, DeadlineExceeded
-from schemas.messages import ChatMessage
+from schemas.messages import ChatMessage, InferenceRequest, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings
 from streams.embedded import free_port, wait_for_port
 from workers.backends.base import Backend, Generation, GenerationInput, create_backend
+from workers.execution import Executor, backend_slots
 from workers.models import resolve_gguf
 
 
@@ -48,7 +52,7 @@ async def test_llamacpp_deadline_bounds_generation(smollm2: Backend) -> None:
     assert isinstance(outcome, DeadlineExceeded)
 
 
-async def test_gemma_is_assembled_once_and_answers(tmp_path: Path) -> None:
+async def test_gemma_is_assembled_once_and_answers(tmp_path: FsPath) -> None:
     settings = BackendSettings(model_dir=tmp_path)
     path = resolve_gguf("gemma3-270m", tmp_path)
     assert path.stat().st_mtime == resolve_gguf("gemma3-270m", tmp_path).stat().st_mtime
@@ -61,35 +65,25 @@ async def test_gemma_is_assembled_once_and_answers(tmp_path: Path) -> None:
     assert isinstance(outcome, Generation) and "Paris" in outcome.text
 
 
-@pytest.fixture(scope="module")
-def openai_server() -> Iterator[str]:
-    port = free_port()
-    model = resolve_gguf("smollm2-135m", Path("."))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(model),
-            "--model_alias",
-            "smollm2",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--n_ctx",
-            "2048",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+@contextlib.contextmanager
+def llama_cpp_server(port: int) -> Iterator[str]:
+    """A real OpenAI-compatible server (llama_cpp.server) serving SmolLM2."""
+    model = resolve_gguf("smollm2-135m", FsPath("."))
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model)]
+    command += ["--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port("127.0.0.1", port, 60, proc)
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def openai_server() -> Iterator[str]:
+    with llama_cpp_server(free_port()) as url:
+        yield url
 
 
 async def test_openai_backend_against_a_real_server(openai_server: str) -> None:
@@ -100,6 +94,49 @@ async def test_openai_backend_against_a_real_server(openai_server: str) -> None:
     finally:
         await backend.close()
     assert all(isinstance(o, Generation) and o.text and o.completion_tokens > 0 for o in outcomes)
+
+
+async def test_breaker_opens_on_a_dead_server_and_closes_when_it_is_back() -> None:
+    port = free_port()
+    settings = BackendSettings(
+        heavy="openai",
+        heavy_model="smollm2",
+        openai_base_url=f"http://127.0.0.1:{port}/v1",
+        light="rules",
+        breaker_failures=2,
+        breaker_cooldown_s=1.0,
+        load_retry_s=0,
+    )
+    slots = backend_slots(settings)
+    executor = Executor(Lane.MEDIUM, slots)
+    now = int(time.time() * 1000)
+
+    def ping() -> RoutedRequest:
+        return RoutedRequest(
+            request=InferenceRequest(id="p", prompt="ping", max_tokens=8),
+            lane=Lane.MEDIUM,
+            path=Path.HEAVY,
+            reply_to="laneway.replies",
+            produced_at_ms=now,
+            routed_at_ms=now,
+        )
+
+    try:
+        for _ in range(2):  # the server is down: the light path answers, marked degraded
+            (done,) = await executor.execute([ping()])
+            assert done.result.status == "ok" and done.result.path == "light"
+            assert done.result.degraded and done.result.requested_path == "heavy"
+        assert slots[Path.HEAVY].breaker.state == "open"
+
+        with llama_cpp_server(port):
+            await asyncio.sleep(settings.breaker_cooldown_s)
+            (done,) = await executor.execute([ping()])  # the half-open probe
+            assert done.result.status == "ok", done.result.error
+            assert done.result.path == "heavy" and not done.result.degraded
+            assert done.result.model == "openai:smollm2"
+            assert slots[Path.HEAVY].breaker.state == "closed"
+    finally:
+        await executor.close()
 
 
 async def test_openai_backend_unreachable_is_inf_502() -> None:
