@@ -8,6 +8,7 @@ Size limits that operators tune live in settings and are applied by
 from __future__ import annotations
 
 import json
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -141,11 +142,23 @@ def parse_request(raw: bytes, limits: RequestLimits) -> InferenceRequest:
     return request
 
 
+_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+_TOPIC_MAX = 249  # Kafka's limit on a topic name
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _is_reply_topic(topic: str, prefix: str) -> bool:
-    if topic == prefix:
-        return True
-    suffix = topic.removeprefix(prefix + ".")
-    return suffix != topic and bool(suffix) and all(c.isalnum() or c in "._-" for c in suffix)
+    """``prefix`` itself, or ``prefix.<name>`` that Kafka accepts as a topic."""
+    if len(topic) > _TOPIC_MAX or not _TOPIC_CHARS.fullmatch(topic):
+        return False
+    return topic == prefix or (topic.startswith(prefix + ".") and len(topic) > len(prefix) + 1)
 
 
 def peek_reply_address(raw: bytes, limits: RequestLimits) -> tuple[str, str] | None:
@@ -154,12 +167,14 @@ def peek_reply_address(raw: bytes, limits: RequestLimits) -> tuple[str, str] | N
     read. A foreign ``reply_to`` is never used: the default reply topic is."""
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
     request_id = data.get("id")
     if not isinstance(request_id, str) or not 0 < len(request_id) <= limits.max_id_chars:
+        return None
+    if not _encodable(request_id):
         return None
     reply_to = data.get("reply_to")
     if isinstance(reply_to, str) and _is_reply_topic(reply_to, limits.reply_prefix):

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from schemas.errors import BackendUnavailable
 from schemas.settings import Settings
 from streams.classifier import Classified, SourceRecord, classify_record, refuse_over_limit
-from streams.envelopes import Outbound, dlq_record
+from streams.envelopes import Outbound, deliver, dlq_record
 from streams.faust_transport import LanewayApp
 from streams.ops import LATENCY, RECORDS, RESULTS, ProcessState
 from streams.ratelimit import RateLimiter
@@ -78,20 +78,15 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
         value_serializer="raw",
     )
 
-    async def send_all(records: list[Outbound]) -> None:
-        pending = [
-            await app.send(
-                r.topic,
-                key=r.key,
-                value=r.value,
-                headers=list(r.headers),
-                key_serializer="raw",
-                value_serializer="raw",
-            )
-            for r in records
-        ]
-        for fut in pending:
-            await fut
+    async def send(record: Outbound) -> Any:
+        return await app.send(
+            record.topic,
+            key=record.key,
+            value=record.value,
+            headers=list(record.headers),
+            key_serializer="raw",
+            value_serializer="raw",
+        )
 
     @app.agent(requests, concurrency=1)
     async def classify(stream: faust.StreamT) -> None:
@@ -130,7 +125,7 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
                     settings=settings,
                 )
                 classified = Classified("rejected", [dlq])
-            await send_all(classified.records)
+            await deliver(classified.records, send, settings)
             _observe(classified)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]

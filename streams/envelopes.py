@@ -3,13 +3,19 @@ them are testable without a broker. ``Outbound`` is one record to produce."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from schemas.errors import LanewayError
+from schemas.errors import BackendUnavailable, LanewayError
 from schemas.messages import InferenceResult, QualityEvent
 from schemas.settings import Settings
 
-__all__ = ["DLQ_HEADERS", "Outbound", "dlq_record", "terminal_records"]
+__all__ = ["DLQ_HEADERS", "Outbound", "Send", "deliver", "dlq_record", "terminal_records"]
+
+log = logging.getLogger(__name__)
 
 DLQ_HEADERS = (
     "laneway-error-code",
@@ -68,3 +74,64 @@ def dlq_record(
         ("laneway-source-offset", str(source_offset).encode()),
     )
     return Outbound(settings.topic("dlq"), key, raw, headers)
+
+
+Send = Callable[[Outbound], Awaitable[Awaitable[object]]]
+"""Start producing one record; the returned awaitable resolves on the broker's ack."""
+
+
+async def deliver(records: Sequence[Outbound], send: Send, settings: Settings) -> None:
+    """Produce ``records`` and wait for every acknowledgement.
+
+    A record a client's reply topic refuses (a name the cluster rejects, a
+    topic that does not exist where auto-creation is off) goes to the DLQ
+    with the reason, so one bad address never blocks a partition. Records
+    for laneway's own topics are retried with backoff until the broker takes
+    them: giving up would lose the request.
+    """
+    replies = settings.replies_topic
+    pending = list(records)
+    for attempt in itertools.count():
+        results = await asyncio.gather(*(_send_one(send, r) for r in pending))
+        failed = [(r, exc) for r, exc in zip(pending, results, strict=True) if exc is not None]
+        if not failed:
+            return
+        pending, retrying = [], False
+        for record, exc in failed:
+            if record.topic == replies or record.topic.startswith(replies + "."):
+                log.warning("reply topic %s refused a result: %s", record.topic, exc)
+                error = BackendUnavailable(
+                    f"reply topic {record.topic!r} refused the result: {exc}"
+                )
+                pending.append(
+                    dlq_record(
+                        record.value,
+                        record.key,
+                        error,
+                        source_topic=record.topic,
+                        source_offset=-1,
+                        settings=settings,
+                    )
+                )
+            else:
+                pending.append(record)
+                retrying = True
+        if retrying:
+            delay = min(5.0, 0.1 * 2**attempt)
+            log.error(
+                "broker refused %d records (%s); retrying in %.1fs",
+                len(pending),
+                failed[0][1],
+                delay,
+            )
+            await asyncio.sleep(delay)
+
+
+async def _send_one(send: Send, record: Outbound) -> BaseException | None:
+    try:
+        await (await send(record))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        return exc
+    return None

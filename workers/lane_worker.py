@@ -16,17 +16,17 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError
+from aiokafka.errors import CommitFailedError, IllegalStateError
 from prometheus_client import Counter
 from pydantic import ValidationError
 
 from schemas.errors import InvalidRequest
 from schemas.messages import Lane, RoutedRequest
 from schemas.settings import Settings
-from streams.envelopes import Outbound, dlq_record, terminal_records
+from streams.envelopes import Outbound, deliver, dlq_record, terminal_records
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from workers.batcher import collect_batch
 from workers.execution import Executor, backend_slots
@@ -132,7 +132,8 @@ class LaneWorker:
             except ValidationError as exc:
                 outbound.append(self._reject(record, exc))
                 continue
-            batch.append(((record.topic, record.partition, record.offset), routed))
+            key = (record.topic, record.partition, record.offset, routed.request.id)
+            batch.append((key, routed))
 
         stored = await self.store.get_many([key for key, _ in batch]) if self.store else {}
         fresh = [(key, routed) for key, routed in batch if key not in stored]
@@ -158,9 +159,11 @@ class LaneWorker:
                 now_ms=now_ms,
                 settings=self.settings,
             )
-        await self._produce(outbound)
+        # Kept before they are sent: whatever happens after this point, a
+        # redelivery repeats these results rather than computing new ones.
         if self.store is not None:
             await self.store.put_many([(key, result) for key, _, result in answers])
+        await self._produce(outbound)
         await self._commit(records)
 
         BATCH_SIZE.labels(self.lane).observe(len(fresh))
@@ -183,12 +186,15 @@ class LaneWorker:
         )
 
     async def _produce(self, outbound: Sequence[Outbound]) -> None:
-        assert self._producer is not None
-        pending = [
-            await self._producer.send(r.topic, value=r.value, key=r.key, headers=list(r.headers))
-            for r in outbound
-        ]
-        await asyncio.gather(*pending)
+        producer = self._producer
+        assert producer is not None
+
+        async def send(record: Outbound) -> Awaitable[object]:
+            return await producer.send(
+                record.topic, value=record.value, key=record.key, headers=list(record.headers)
+            )
+
+        await deliver(outbound, send, self.settings)
 
     async def _commit(self, records: Sequence[ConsumerRecord]) -> None:
         assert self._consumer is not None
@@ -198,7 +204,7 @@ class LaneWorker:
             offsets[tp] = max(offsets.get(tp, 0), record.offset + 1)
         try:
             await self._consumer.commit(offsets)
-        except CommitFailedError as exc:
+        except (CommitFailedError, IllegalStateError) as exc:
             # The partitions moved to another worker while this batch ran. Its
             # results are out; the new owner re-runs the batch and the client
             # drops the duplicates.

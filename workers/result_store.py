@@ -3,8 +3,8 @@
 A worker that dies after producing a batch's results but before committing
 its offsets gets the batch again on restart. With the store it re-sends the
 stored results (the client drops them as duplicates) instead of running the
-models a second time. The key is the lane record's topic, partition and
-offset, which a redelivery repeats and no other request shares.
+models a second time. The key is the lane record's topic, partition, offset
+and request id, which a redelivery repeats and no other request shares.
 
 Redis is never in the way: every error is logged, counted and treated as a
 miss (fail-open), with short socket timeouts.
@@ -26,8 +26,10 @@ __all__ = ["RecordKey", "ResultStore"]
 
 log = logging.getLogger(__name__)
 
-RecordKey = tuple[str, int, int]
-"""(topic, partition, offset) of a lane record."""
+RecordKey = tuple[str, int, int, str]
+"""(topic, partition, offset) of a lane record, and the request id it carries.
+The id guards against a fresh broker that starts its offsets at 0 again
+while an older run's results are still in Redis."""
 
 
 class ResultStore:
@@ -42,8 +44,8 @@ class ResultStore:
         return cls(client, prefix=prefix, ttl_s=ttl_s)
 
     def _key(self, record: RecordKey) -> str:
-        topic, partition, offset = record
-        return f"{self._prefix}:done:{topic}:{partition}:{offset}"
+        topic, partition, offset, request_id = record
+        return f"{self._prefix}:done:{topic}:{partition}:{offset}:{request_id}"
 
     async def get_many(self, records: Sequence[RecordKey]) -> dict[RecordKey, InferenceResult]:
         if not records:
@@ -59,9 +61,12 @@ class ResultStore:
             if value is None:
                 continue
             try:
-                found[record] = InferenceResult.model_validate_json(value)
+                result = InferenceResult.model_validate_json(value)
             except ValidationError:
                 log.warning("unreadable stored result for %s; running it again", record)
+                continue
+            if result.id == record[3]:
+                found[record] = result
         return found
 
     async def put_many(self, results: Sequence[tuple[RecordKey, InferenceResult]]) -> None:

@@ -28,14 +28,16 @@ async def test_results_round_trip_with_a_ttl(settings: Settings) -> None:
     store = store_for(settings, prefix)
     result = InferenceResult(id="r1", status="ok", output="hi")
     try:
-        await store.put_many([(("lane", 0, 5), result)])
-        found = await store.get_many([("lane", 0, 5), ("lane", 0, 6)])
+        await store.put_many([(("lane", 0, 5, "r1"), result)])
+        found = await store.get_many(
+            [("lane", 0, 5, "r1"), ("lane", 0, 6, "r1"), ("lane", 0, 5, "r2")]
+        )
     finally:
         await store.close()
-    assert found == {("lane", 0, 5): result}
+    assert found == {("lane", 0, 5, "r1"): result}
     client = aioredis.from_url(settings.redis.url)
     try:
-        assert 0 < await client.ttl(f"{prefix}:done:lane:0:5") <= 60
+        assert 0 < await client.ttl(f"{prefix}:done:lane:0:5:r1") <= 60
     finally:
         await client.aclose()
 
@@ -46,8 +48,8 @@ async def test_store_fails_open_without_redis() -> None:
     )
     before = REDIS_ERRORS.labels("get")._value.get()
     try:
-        assert await store.get_many([("lane", 0, 1)]) == {}
-        await store.put_many([(("lane", 0, 1), InferenceResult(id="r", status="ok"))])
+        assert await store.get_many([("lane", 0, 1, "r")]) == {}
+        await store.put_many([(("lane", 0, 1, "r"), InferenceResult(id="r", status="ok"))])
     finally:
         await store.close()
     assert REDIS_ERRORS.labels("get")._value.get() == before + 1

@@ -137,3 +137,32 @@ def test_wire_models_are_frozen() -> None:
     request = InferenceRequest(id="a", prompt="b")
     with pytest.raises(ValueError):
         request.id = "c"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "reply_to",
+    [
+        "laneway.replies.é",
+        "laneway.replies." + "a" * 240,
+        "laneway.replies.a b",
+        "laneway.replies.\u0661",
+    ],
+)
+def test_reply_topics_must_be_valid_kafka_topic_names(reply_to: str) -> None:
+    with pytest.raises(InvalidRequest, match="reply_to"):
+        parse_request(raw(reply_to=reply_to), LIMITS)
+
+
+def test_lone_surrogates_are_refused_not_crashed_on() -> None:
+    record = b'{"id": "r", "prompt": "bad \\ud800 text"}'
+    with pytest.raises(InvalidRequest, match="Invalid JSON"):  # pydantic refuses them
+        parse_request(record, LIMITS)
+    assert peek_reply_address(b'{"id": "\\ud800"}', LIMITS) is None
+    assert peek_reply_address(record, LIMITS) == ("r", "laneway.replies")
+
+
+def test_deeply_nested_json_is_refused_not_crashed_on() -> None:
+    record = b"[" * 10_000 + b"]" * 10_000
+    with pytest.raises(InvalidRequest):
+        parse_request(record, LIMITS)
+    assert peek_reply_address(record, LIMITS) is None
