@@ -242,7 +242,7 @@ class Executor:
             messages=messages,
             max_tokens=request.max_tokens,
             temperature=request.temperature,
-            timeout_s=None if remaining is None else max(remaining, 1) / 1000,
+            deadline=None if remaining is None else time.monotonic() + remaining / 1000,
         )
 
     def _result(

@@ -25,8 +25,9 @@ from workers.models import resolve_gguf
 
 
 def ask(text: str, max_tokens: int = 12, timeout_s: float | None = None) -> GenerationInput:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     return GenerationInput(
-        [ChatMessage(role="user", content=text)], max_tokens, 0.0, timeout_s=timeout_s
+        [ChatMessage(role="user", content=text)], max_tokens, 0.0, deadline=deadline
     )
 
 
@@ -50,6 +51,19 @@ async def test_llamacpp_batch_is_deterministic_at_temperature_zero(smollm2: Back
 async def test_llamacpp_deadline_bounds_generation(smollm2: Backend) -> None:
     (outcome,) = await smollm2.infer_batch([ask("Write a long story.", 400, timeout_s=0.05)])
     assert isinstance(outcome, DeadlineExceeded)
+
+
+async def test_a_deadline_counts_from_before_the_batch_not_from_each_item(
+    smollm2: Backend,
+) -> None:
+    # Three items share one 0.3 s budget: the first uses it up, so the
+    # later ones are refused instead of each getting 0.3 s of their own.
+    batch = [ask("Write a long story.", 400, timeout_s=0.3) for _ in range(3)]
+    started = time.monotonic()
+    outcomes = await smollm2.infer_batch(batch)
+    assert all(isinstance(o, DeadlineExceeded) for o in outcomes)
+    assert "before generation started" in outcomes[2].message  # type: ignore[union-attr]
+    assert time.monotonic() - started < 5
 
 
 async def test_gemma_is_assembled_once_and_answers(tmp_path: FsPath) -> None:

@@ -5,6 +5,7 @@ only when that backend is chosen."""
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,8 +35,13 @@ class GenerationInput:
     messages: Sequence[ChatMessage]
     max_tokens: int
     temperature: float
-    timeout_s: float | None = None
-    """Time left before the request's deadline; ``None`` = no deadline."""
+    deadline: float | None = None
+    """The request's deadline on the ``time.monotonic()`` clock; ``None`` = none.
+    Absolute, so a request that waits behind others in its batch keeps its
+    real budget, not a fresh one."""
+
+    def remaining_s(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,15 +62,18 @@ class LlamaCppBackend:
             return [self._one(item) for item in inputs]
 
     def _one(self, item: GenerationInput) -> Outcome:
-        started = time.monotonic()
+        remaining = item.remaining_s()
+        if remaining is not None and remaining <= 0:
+            return DeadlineExceeded(
+                f"deadline passed {-remaining * 1000:.0f} ms before generation started"
+            )
         timed_out = False
-
         eos = self._llama.token_eos()
 
         def end_at_deadline(_input_ids: Any, scores: Any) -> Any:
             """Past the deadline, only end-of-sequence may be sampled."""
             nonlocal timed_out
-            if item.timeout_s is not None and time.monotonic() - started > item.timeout_s:
+            if item.deadline is not None and time.monotonic() > item.deadline:
                 timed_out = True
                 scores[:] = -float("inf")
                 scores[eos] = 0.0
@@ -97,9 +100,7 @@ class LlamaCppBackend:
         except Exception as exc:
             return map_backend_exception(exc)
         if timed_out:
-            return DeadlineExceeded(
-                f"inference passed the request's deadline ({item.timeout_s:.3f}s left at start)"
-            )
+            return DeadlineExceeded("generation was cut off at the request's deadline")
         usage = response.get("usage") or {}
         return Generation(
             text=text,

@@ -48,8 +48,11 @@ class OpenAIBackend:
             "temperature": item.temperature,
         }
         timeout = self._settings.openai_timeout_s
-        if item.timeout_s is not None:
-            timeout = max(0.001, min(timeout, item.timeout_s))
+        remaining = item.remaining_s()
+        if remaining is not None:
+            if remaining <= 0:
+                return DeadlineExceeded("deadline passed before the request was sent")
+            timeout = min(timeout, remaining)
         try:
             response = await client.post("chat/completions", json=body, timeout=timeout)
         except httpx.TimeoutException as exc:

@@ -97,7 +97,8 @@ async def test_remaining_deadline_bounds_inference_and_system_prompt_is_added() 
     executor = Executor(Lane.REALTIME, {Path.LIGHT: slot_of(spy)}, system_prompt="be brief")
     await executor.execute([routed("q", Path.LIGHT, deadline_in_ms=2000)])
     (seen,) = spy.seen
-    assert seen.timeout_s is not None and 0 < seen.timeout_s <= 2
+    remaining = seen.remaining_s()
+    assert remaining is not None and 0 < remaining <= 2
     assert [m.role for m in seen.messages] == ["system", "user"]
 
 
