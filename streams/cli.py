@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -142,6 +143,8 @@ def _up(settings: Settings, args: argparse.Namespace) -> int:
         use_external_redis="url" in settings.redis.model_fields_set,
         http_port_base=args.http_port_base,
     )
+    # Until run() takes over signals, SIGTERM unwinds through start()'s cleanup.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         stack.start()
         print("laneway is up; Ctrl-C stops it", flush=True)
@@ -149,6 +152,10 @@ def _up(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         stack.stop()
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _ask(settings: Settings, args: argparse.Namespace) -> int:

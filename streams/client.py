@@ -135,6 +135,11 @@ class LanewayClient:
         future resolves if a reply with ``request_id`` comes back."""
         if self._producer is None:
             raise RuntimeError("client not started")
+        if request_id in self._pending:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        # A reused id (a retry after INF-429, say) is a new request: forget
+        # the old answer so the new one is not taken for its duplicate.
+        self._done.pop(request_id, None)
         future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:

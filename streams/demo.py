@@ -4,6 +4,7 @@ sample questions that land on every lane and path, print the answers, stop."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from typing import Any
 
@@ -42,6 +43,7 @@ def run_demo(settings: Settings) -> int:
         use_external_redis="url" in settings.redis.model_fields_set,
         http_port_base=None,
     )
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         stack.start()
         failures = asyncio.run(_ask_all(stack.settings))

@@ -10,6 +10,7 @@ policy (fail-open by default), counted in ``laneway_redis_errors_total``.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -62,18 +63,26 @@ class RateLimiter:
         self._settings = settings
         self._prefix = prefix
         self._script = client.register_script(_TOKEN_BUCKET)
+        self._skip_until = 0.0
+
+    RETRY_REDIS_S = 1.0
+    """After a failure, Redis is not asked again for this long: the classifier
+    handles records one at a time and must not pay a socket timeout on each."""
 
     async def check(self, tenant: str | None) -> Verdict:
         if not self._settings.enabled:
             return Verdict(allowed=True)
         limit = self._settings.limit_for(tenant)
         key = f"{self._prefix}:ratelimit:{tenant or '-'}"
+        if time.monotonic() < self._skip_until:
+            return Verdict(allowed=self._settings.fail_open, retry_after_ms=1000, degraded=True)
         try:
             allowed, retry_after_ms = await self._script(
                 keys=[key], args=[limit.rps, limit.burst, 1]
             )
         except (RedisError, OSError) as exc:
             REDIS_ERRORS.labels("ratelimit").inc()
+            self._skip_until = time.monotonic() + self.RETRY_REDIS_S
             log.warning(
                 "rate limiter cannot reach Redis (fail_open=%s): %s", self._settings.fail_open, exc
             )

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,7 @@ class Stack:
             self.stop()
             raise
         self._say(f"bootstrap: {settings.kafka.bootstrap}")
-        self._say(f"redis: {settings.redis.url}")
+        self._say(f"redis: {_without_password(settings.redis.url)}")
         for child in self.children:
             self._say(f"{child.name}: http://127.0.0.1:{child.http_port}/metrics")
         return self
@@ -190,7 +191,9 @@ class Stack:
         while not stop.wait(0.5):
             self.supervise_once()
 
-    def stop(self, timeout_s: float = 20.0) -> None:
+    def stop(self, timeout_s: float = 45.0) -> None:
+        """SIGTERM every child and wait (workers drain up to 30 s), then
+        SIGKILL what is left; then the broker and Valkey."""
         self._stopping = True
         for child in self.children:
             if child.alive():
@@ -206,6 +209,9 @@ class Stack:
                 self._say(f"[supervisor] {child.name} did not stop in time; killing it")
                 child.proc.kill()
                 child.proc.wait()
+        for child in self.children:
+            if child._pump is not None:
+                child._pump.join(timeout=5)  # the child's last words are printed
         self.broker.stop()
         if self.redis is not None:
             with contextlib.suppress(Exception):
@@ -216,6 +222,14 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _ready(port: int) -> bool:

@@ -16,6 +16,7 @@ path the router chose; INF-502 only when no path can serve.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -77,10 +78,14 @@ class BackendSlot:
                 return self.backend
             if self._error is not None and time.monotonic() - self._failed_at < self._retry_s:
                 raise self._error
+            backend = None
             try:
                 backend = self._factory()
                 await backend.load()
             except Exception as exc:
+                if backend is not None:
+                    with contextlib.suppress(Exception):
+                        await backend.close()
                 self._error = map_backend_exception(exc)
                 if not isinstance(self._error, BackendUnavailable):
                     self._error = BackendUnavailable(self._error.message)
@@ -201,7 +206,11 @@ class Executor:
                 skipped.append(f"{candidate} circuit open")
                 continue
             started_ms = _now_ms()
-            model, outcomes = await self._run_on(slot, [group[i] for i in pending], started_ms)
+            try:
+                model, outcomes = await self._run_on(slot, [group[i] for i in pending], started_ms)
+            except BaseException:
+                slot.breaker.record(ok=False)  # a half-open probe must never stay open
+                raise
             inference_ms = _now_ms() - started_ms
             slot.breaker.record(ok=not all(_backend_failed(o) for o in outcomes))
             still: list[int] = []

@@ -26,6 +26,8 @@ CHILD_ENV = {
     "LANEWAY_LOG_LEVEL": "INFO",
     # A tenant with a tiny quota for the rate-limit test.
     "LANEWAY_RATELIMIT_TENANTS": '{"tiny": {"rps": 0.1, "burst": 2}}',
+    # Keys of this session only, should LANEWAY_REDIS_URL name a shared Redis.
+    "LANEWAY_REDIS_KEY_PREFIX": f"test-{uuid.uuid4().hex[:8]}",
 }
 
 

@@ -12,6 +12,8 @@ import time
 import uuid
 from collections import Counter
 
+import pytest
+
 from schemas.messages import InferenceResult
 from schemas.settings import Settings
 from streams.client import LanewayClient
@@ -163,3 +165,14 @@ def test_laneway_ask_cli(settings: Settings) -> None:
     assert run.returncode == 0, run.stderr
     assert "lane=realtime path=rules" in run.stdout
     assert "Hello! How can I help you today?" in run.stdout
+
+
+async def test_an_id_can_be_asked_again_after_its_answer(client: LanewayClient) -> None:
+    request_id = f"again-{uuid.uuid4().hex[:6]}"
+    first = await client.ask("ping", id=request_id, timeout_s=60)
+    second = await client.ask("ping", id=request_id, timeout_s=60)
+    assert first.status == second.status == "ok"
+    future = await client.submit({"id": f"busy-{request_id}", "prompt": "ping"})
+    with pytest.raises(ValueError, match="already in flight"):
+        await client.submit({"id": f"busy-{request_id}", "prompt": "ping"})
+    assert (await asyncio.wait_for(future, 60)).status == "ok"

@@ -23,11 +23,11 @@ def limiter(url: str, **limits: object) -> RateLimiter:
 
 
 async def test_burst_then_refusal_then_refill(settings: Settings) -> None:
-    rl = limiter(settings.redis.url, tenants={"acme": TenantLimit(rps=20, burst=3)})
+    rl = limiter(settings.redis.url, tenants={"acme": TenantLimit(rps=0.5, burst=3)})
     try:
         verdicts = [await rl.check("acme") for _ in range(4)]
         assert [v.allowed for v in verdicts] == [True, True, True, False]
-        assert 0 < verdicts[3].retry_after_ms <= 50  # one token every 50 ms
+        assert 1000 < verdicts[3].retry_after_ms <= 2000  # one token every 2 s
         assert (await rl.check("other")).allowed  # the default limit, its own bucket
         await asyncio.sleep((verdicts[3].retry_after_ms + 20) / 1000)
         assert (await rl.check("acme")).allowed
@@ -56,6 +56,17 @@ async def test_redis_down_follows_the_fail_policy() -> None:
         await open_rl.close()
         await closed_rl.close()
     assert REDIS_ERRORS.labels("ratelimit")._value.get() == before + 2
+
+
+async def test_a_dead_redis_is_not_asked_for_every_record() -> None:
+    rl = limiter(f"redis://127.0.0.1:{free_port()}/0")
+    before = REDIS_ERRORS.labels("ratelimit")._value.get()
+    try:
+        verdicts = [await rl.check("a") for _ in range(20)]
+    finally:
+        await rl.close()
+    assert all(v.allowed and v.degraded for v in verdicts)
+    assert REDIS_ERRORS.labels("ratelimit")._value.get() == before + 1
 
 
 async def test_tenant_over_quota_gets_inf_429_and_others_do_not(

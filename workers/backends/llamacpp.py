@@ -112,9 +112,13 @@ class LlamaCppBackend:
         return self._llama is not None
 
     async def close(self) -> None:
-        llama, self._llama = self._llama, None
-        if llama is not None:
-            await asyncio.to_thread(llama.close)
+        await asyncio.to_thread(self._close_sync)
+
+    def _close_sync(self) -> None:
+        with self._lock:  # never free the model under a generation still running
+            llama, self._llama = self._llama, None
+            if llama is not None:
+                llama.close()
 
 
 def as_transcript(messages: Sequence[ChatMessage]) -> str:

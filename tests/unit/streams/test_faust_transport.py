@@ -18,3 +18,11 @@ def test_classifier_app_uses_the_tuned_transport() -> None:
     assert type(app.transport).Consumer.__name__ == "TunedConsumer"
     assert app.conf.topic_allow_declare is False
     assert [str(url) for url in app.conf.broker] == ["kafka://127.0.0.1:1"]
+
+
+def test_printed_redis_urls_hide_the_password() -> None:
+    from streams.supervisor import _without_password
+
+    assert _without_password("redis://:s3cret@cache:6379/0") == "redis://:***@cache:6379/0"
+    assert _without_password("redis://user:s3cret@cache/1") == "redis://user:***@cache/1"
+    assert _without_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
