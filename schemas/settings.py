@@ -7,6 +7,7 @@ environment.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path as FsPath
 from typing import Literal
 
@@ -49,10 +50,24 @@ class KafkaSettings(BaseSettings):
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    """CA bundle for SSL/SASL_SSL; the system's trust store when unset."""
+    ssl_certfile: str | None = None
+    """Client certificate (mutual TLS)."""
+    ssl_keyfile: str | None = None
     request_timeout_ms: int = Field(default=30_000, ge=1_000)
     fetch_max_wait_ms: int = Field(default=20, ge=1, le=10_000)
     """Longest the broker may hold an empty fetch. Bounds how late a consumer
     sees a new record on a quiet topic; lower costs idle polling."""
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for SSL/SASL_SSL, else ``None``."""
+        if self.security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        context = ssl.create_default_context(cafile=self.ssl_cafile)
+        if self.ssl_certfile:
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        return context
 
     def client_options(self) -> dict[str, object]:
         """Connection options shared by every aiokafka client."""
@@ -61,6 +76,9 @@ class KafkaSettings(BaseSettings):
             "security_protocol": self.security_protocol,
             "request_timeout_ms": self.request_timeout_ms,
         }
+        context = self.ssl_context()
+        if context is not None:
+            options["ssl_context"] = context
         if self.sasl_mechanism:
             options["sasl_mechanism"] = self.sasl_mechanism
             options["sasl_plain_username"] = self.sasl_username

@@ -36,12 +36,16 @@ def _faust_broker_options(settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {
         "broker": [f"kafka://{hostport.strip()}" for hostport in kafka.bootstrap.split(",")],
     }
+    context = kafka.ssl_context()
     if kafka.sasl_mechanism:
         options["broker_credentials"] = faust.SASLCredentials(
             username=kafka.sasl_username,
             password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
             mechanism=kafka.sasl_mechanism,
+            ssl_context=context,
         )
+    elif context is not None:
+        options["broker_credentials"] = faust.SSLCredentials(context)
     return options
 
 

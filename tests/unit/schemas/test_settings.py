@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from schemas.messages import Lane
-from schemas.settings import LimitsSettings, Settings
+from schemas.settings import KafkaSettings, LimitsSettings, Settings
 
 
 def test_env_prefixes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,3 +47,18 @@ def test_sasl_password_is_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings()
     assert "hunter2" not in repr(settings)
     assert settings.kafka.client_options()["sasl_plain_password"] == "hunter2"
+
+
+def test_tls_settings_reach_aiokafka_and_faust() -> None:
+    import ssl
+
+    from streams.app import _faust_broker_options
+
+    plain = KafkaSettings()
+    assert "ssl_context" not in plain.client_options()
+    tls = KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_username="u")
+    assert isinstance(tls.client_options()["ssl_context"], ssl.SSLContext)
+    credentials = _faust_broker_options(Settings(kafka=tls))["broker_credentials"]
+    assert credentials.protocol.name == "SASL_SSL"
+    only_tls = _faust_broker_options(Settings(kafka=KafkaSettings(security_protocol="SSL")))
+    assert only_tls["broker_credentials"].protocol.name == "SSL"
