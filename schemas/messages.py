@@ -112,6 +112,9 @@ class RequestLimits(WireModel):
     max_tokens_max: int = 4096
     max_id_chars: int = 128
     reply_prefix: str = "laneway.replies"
+    tenant_reply_topics: bool = False
+    """A request that names its tenant may only reply to that tenant's topic
+    (``<prefix>.<tenant>`` or below it), so tenants cannot read each other."""
 
 
 def parse_request(raw: bytes, limits: RequestLimits) -> InferenceRequest:
@@ -139,6 +142,14 @@ def parse_request(raw: bytes, limits: RequestLimits) -> InferenceRequest:
             f"reply_to={request.reply_to!r} must be {limits.reply_prefix!r} "
             f"or start with {limits.reply_prefix + '.'!r}"
         )
+    if limits.tenant_reply_topics and request.tenant is not None:
+        own = f"{limits.reply_prefix}.{request.tenant}"
+        reply_to = request.reply_to or limits.reply_prefix
+        if reply_to != own and not reply_to.startswith(own + "."):
+            raise InvalidRequest(
+                f"tenant {request.tenant!r} may only reply to {own!r} or below it, "
+                f"not reply_to={reply_to!r}"
+            )
     return request
 
 
@@ -177,7 +188,11 @@ def peek_reply_address(raw: bytes, limits: RequestLimits) -> tuple[str, str] | N
     if not _encodable(request_id):
         return None
     reply_to = data.get("reply_to")
-    if isinstance(reply_to, str) and _is_reply_topic(reply_to, limits.reply_prefix):
+    prefix = limits.reply_prefix
+    tenant = data.get("tenant")
+    if limits.tenant_reply_topics and isinstance(tenant, str):
+        prefix = f"{limits.reply_prefix}.{tenant}"  # never another tenant's topic
+    if isinstance(reply_to, str) and _is_reply_topic(reply_to, prefix):
         return request_id, reply_to
     return request_id, limits.reply_prefix
 

@@ -165,6 +165,8 @@ class LimitsSettings(BaseSettings):
     max_id_chars: int = Field(default=128, ge=1)
     max_record_bytes: int = Field(default=256 * 1024, ge=1024)
     """Records larger than this are refused before JSON decoding."""
+    tenant_reply_topics: bool = False
+    """Confine a request that names a tenant to ``<prefix>.replies.<tenant>[.*]``."""
 
     @model_validator(mode="after")
     def _range(self) -> LimitsSettings:
@@ -262,4 +264,5 @@ class Settings(BaseSettings):
             max_tokens_max=self.limits.max_tokens_max,
             max_id_chars=self.limits.max_id_chars,
             reply_prefix=self.replies_topic,
+            tenant_reply_topics=self.limits.tenant_reply_topics,
         )

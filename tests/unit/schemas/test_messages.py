@@ -166,3 +166,20 @@ def test_deeply_nested_json_is_refused_not_crashed_on() -> None:
     with pytest.raises(InvalidRequest):
         parse_request(record, LIMITS)
     assert peek_reply_address(record, LIMITS) is None
+
+
+def test_tenants_can_be_confined_to_their_own_reply_topics() -> None:
+    strict = RequestLimits(tenant_reply_topics=True)
+    ok = ["laneway.replies.acme", "laneway.replies.acme.bot-1"]
+    for reply_to in ok:
+        assert parse_request(raw(tenant="acme", reply_to=reply_to), strict).reply_to == reply_to
+    for reply_to in ["laneway.replies.globex", "laneway.replies.acmex", None]:
+        with pytest.raises(InvalidRequest, match="tenant 'acme' may only reply to"):
+            parse_request(raw(tenant="acme", reply_to=reply_to), strict)
+    assert parse_request(raw(reply_to="laneway.replies.any"), strict)  # no tenant named
+    assert parse_request(raw(tenant="acme", reply_to="laneway.replies.globex"), LIMITS)
+    # The INF-400 for a refused one never goes to the other tenant's topic.
+    refused = raw(tenant="acme", reply_to="laneway.replies.globex")
+    assert peek_reply_address(refused, strict) == ("req-1", "laneway.replies")
+    own = raw(tenant="acme", reply_to="laneway.replies.acme", max_tokens=0)
+    assert peek_reply_address(own, strict) == ("req-1", "laneway.replies.acme")
