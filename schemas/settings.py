@@ -229,6 +229,9 @@ class Settings(BaseSettings):
 
     app_id: str = "laneway"
     """faust application id and consumer-group stem."""
+    max_attempts: int = Field(default=3, ge=1)
+    """A lane record whose processing crashed its worker this often goes to the
+    DLQ with an INF-502 result, so one poison record cannot stall a partition."""
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=9400, ge=0, le=65535)
     """Serves /metrics, /healthz and /readyz (0 disables)."""

@@ -23,8 +23,8 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from prometheus_client import Counter
 from pydantic import ValidationError
 
-from schemas.errors import InvalidRequest
-from schemas.messages import Lane, RoutedRequest
+from schemas.errors import BackendUnavailable, InvalidRequest
+from schemas.messages import InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.envelopes import Outbound, deliver, dlq_record, terminal_records
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
@@ -137,6 +137,11 @@ class LaneWorker:
 
         stored = await self.store.get_many([key for key, _ in batch]) if self.store else {}
         fresh = [(key, routed) for key, routed in batch if key not in stored]
+        attempts = await self.store.begin([key for key, _ in fresh]) if self.store else {}
+        limit = self.settings.max_attempts
+        poisoned = [(key, routed) for key, routed in fresh if attempts.get(key, 0) > limit]
+        fresh = [(key, routed) for key, routed in fresh if attempts.get(key, 0) <= limit]
+        outbound += self._give_up(poisoned, records, limit)
         finished = await self.executor.execute([routed for _, routed in fresh])
         answers = [
             (key, item.routed, item.result) for (key, _), item in zip(fresh, finished, strict=True)
@@ -172,6 +177,50 @@ class LaneWorker:
             RECORDS.labels(f"worker-{self.lane}", result.status).inc()
             RESULTS.labels(self.lane, result.path, result.status, code).inc()
             LATENCY.labels(self.lane, result.path).observe(result.timings.total_ms / 1000)
+
+    def _give_up(
+        self,
+        poisoned: list[tuple[RecordKey, RoutedRequest]],
+        records: Sequence[ConsumerRecord],
+        limit: int,
+    ) -> list[Outbound]:
+        """Records that crashed the worker ``limit`` times: to the DLQ, and
+        an INF-502 result to their clients."""
+        by_key = {(r.topic, r.partition, r.offset): r for r in records}
+        outbound: list[Outbound] = []
+        now_ms = int(time.time() * 1000)
+        for key, routed in poisoned:
+            record = by_key[key[:3]]
+            error = BackendUnavailable(
+                f"processing this request failed {limit} times; it was moved to the DLQ"
+            )
+            log.error("%s: poison record %s:%s:%s moved to the DLQ", self.lane, *key[:3])
+            RECORDS.labels(f"worker-{self.lane}", "poisoned").inc()
+            outbound.append(
+                dlq_record(
+                    record.value or b"",
+                    record.key,
+                    error,
+                    source_topic=record.topic,
+                    source_offset=record.offset,
+                    settings=self.settings,
+                )
+            )
+            result = InferenceResult.failure(
+                routed.request.id,
+                error,
+                lane=self.lane,
+                path=routed.path,
+                batch_id=routed.request.batch_id,
+            )
+            outbound += terminal_records(
+                result,
+                reply_to=routed.reply_to,
+                tenant=routed.request.tenant,
+                now_ms=now_ms,
+                settings=self.settings,
+            )
+        return outbound
 
     def _reject(self, record: ConsumerRecord, exc: ValidationError) -> Outbound:
         RECORDS.labels(f"worker-{self.lane}", "rejected").inc()

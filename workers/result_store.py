@@ -69,6 +69,25 @@ class ResultStore:
                 found[record] = result
         return found
 
+    async def begin(self, records: Sequence[RecordKey]) -> dict[RecordKey, int]:
+        """Count one more processing attempt of each record; the counts.
+        A record processed again without a stored result has crashed its
+        worker before, so the count is how often it did."""
+        if not records:
+            return {}
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for record in records:
+                    key = self._key(record).replace(":done:", ":attempts:", 1)
+                    pipe.incr(key)
+                    pipe.expire(key, self._ttl_s)
+                replies = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            REDIS_ERRORS.labels("attempts").inc()
+            log.warning("result store unavailable, attempts not counted: %s", exc)
+            return {}
+        return {record: int(count) for record, count in zip(records, replies[::2], strict=True)}
+
     async def put_many(self, results: Sequence[tuple[RecordKey, InferenceResult]]) -> None:
         if not results:
             return

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 
+import pytest
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, ConsumerRecord
 
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings, Settings
@@ -14,7 +16,7 @@ from streams.embedded import free_port
 from streams.ops import REDIS_ERRORS
 from streams.topics import create_topics
 from tests.integration.conftest import read_topic
-from workers.execution import Executor, backend_slots
+from workers.execution import Executor, Finished, backend_slots
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
 
@@ -55,7 +57,10 @@ async def test_store_fails_open_without_redis() -> None:
     assert REDIS_ERRORS.labels("get")._value.get() == before + 1
 
 
-async def test_redelivered_batch_is_answered_from_the_store(settings: Settings) -> None:
+async def worker_with_one_record(
+    settings: Settings, executor: Executor
+) -> tuple[LaneWorker, Settings, RoutedRequest, list[ConsumerRecord]]:
+    """A lane worker on topics of its own, and the one lane record it fetched."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
     kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
     own = settings.model_copy(update={"kafka": kafka, "app_id": prefix})
@@ -73,22 +78,23 @@ async def test_redelivered_batch_is_answered_from_the_store(settings: Settings) 
     await producer.start()
     await producer.send_and_wait(own.lane_topic(Lane.REALTIME), routed.model_dump_json().encode())
     await producer.stop()
-
-    rules_only = backend_slots(BackendSettings(light="rules", heavy="rules"))
-    worker = LaneWorker(
-        own,
-        Lane.REALTIME,
-        executor=Executor(Lane.REALTIME, rules_only),
-        store=store_for(own, prefix),
-    )
+    worker = LaneWorker(own, Lane.REALTIME, executor=executor, store=store_for(own, prefix))
     await worker.start()
+    records: list[ConsumerRecord] = []
+    for _ in range(20):
+        records += await worker._fetch(0.5, 10)
+        if records:
+            break
+    assert len(records) == 1
+    return worker, own, routed, records
+
+
+async def test_redelivered_batch_is_answered_from_the_store(settings: Settings) -> None:
+    rules_only = backend_slots(BackendSettings(light="rules", heavy="rules"))
+    worker, own, routed, records = await worker_with_one_record(
+        settings, Executor(Lane.REALTIME, rules_only)
+    )
     try:
-        records = []
-        for _ in range(20):
-            records += await worker._fetch(0.5, 10)
-            if records:
-                break
-        assert len(records) == 1
         await worker.process(records)
         # The same records again, as after a crash before the commit, on a
         # worker that has no backend at all: only the store can answer.
@@ -102,3 +108,33 @@ async def test_redelivered_batch_is_answered_from_the_store(settings: Settings) 
     assert [r.id for r in results] == [routed.request.id] * 2
     assert results[0] == results[1]
     assert results[0].status == "ok" and results[0].output == "pong"
+
+
+class CrashingExecutor(Executor):
+    """Processing that kills the worker, as a bug on one record would."""
+
+    async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
+        if batch:
+            raise RuntimeError("segfault-like crash")
+        return []
+
+
+async def test_a_poison_record_goes_to_the_dlq_after_max_attempts(settings: Settings) -> None:
+    worker, own, routed, records = await worker_with_one_record(
+        settings, CrashingExecutor(Lane.REALTIME, {})
+    )
+    try:
+        for _ in range(own.max_attempts):  # each try crashes, as on every restart
+            with pytest.raises(RuntimeError):
+                await worker.process(records)
+        await worker.process(records)  # the next delivery gives up on it
+    finally:
+        await worker.close()
+
+    (reply,) = await read_topic(own, own.replies_topic)
+    result = InferenceResult.model_validate_json(reply.value)
+    assert result.id == routed.request.id and result.error is not None
+    assert result.error.code == "INF-502" and "failed 3 times" in result.error.message
+    (dead,) = await read_topic(own, own.topic("dlq"))
+    assert dead.value == records[0].value
+    assert dict(dead.headers)["laneway-source-offset"] == str(records[0].offset).encode()
