@@ -208,6 +208,8 @@ class RoutedRequest(WireModel):
     produced_at_ms: int
     routed_at_ms: int
     deadline_at_ms: int | None = None
+    requested_path: Path | None = None
+    """The path the policy chose, when flow control sent it down ``path`` instead."""
 
     def remaining_ms(self, now_ms: int) -> float | None:
         return None if self.deadline_at_ms is None else self.deadline_at_ms - now_ms

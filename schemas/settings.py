@@ -18,6 +18,7 @@ from schemas.messages import Lane, RequestLimits
 
 __all__ = [
     "BackendSettings",
+    "FlowSettings",
     "KafkaSettings",
     "LaneSettings",
     "LimitsSettings",
@@ -124,6 +125,30 @@ class RateLimitSettings(BaseSettings):
 
     def limit_for(self, tenant: str | None) -> TenantLimit:
         return self.tenants.get(tenant or "", self.default)
+
+
+class FlowSettings(BaseSettings):
+    """Degradation under load (``streams.flow``)."""
+
+    model_config = _config("LANEWAY_FLOW_")
+
+    enabled: bool = True
+    enter: tuple[int, int, int] = (32, 64, 128)
+    """Records waiting on the lanes at which levels 1, 2 and 3 begin."""
+    exit: tuple[int, int, int] = (16, 32, 64)
+    """Backlog below which a level may be left (after ``hold_s``)."""
+    hold_s: float = Field(default=5.0, ge=0)
+    interval_s: float = Field(default=1.0, gt=0)
+    """How often workers report their backlog and the classifier re-reads it."""
+    shed_retry_after_ms: int = Field(default=5_000, ge=1)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> FlowSettings:
+        if any(x >= e for e, x in zip(self.enter, self.exit, strict=True)):
+            raise ValueError(
+                f"every exit mark must be below its enter mark: {self.enter} {self.exit}"
+            )
+        return self
 
 
 class LaneSettings(BaseSettings):
@@ -241,6 +266,7 @@ class Settings(BaseSettings):
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    flow: FlowSettings = Field(default_factory=FlowSettings)
     backend: BackendSettings = Field(default_factory=BackendSettings)
     realtime: LaneSettings = Field(default_factory=RealtimeLaneSettings)
     medium: LaneSettings = Field(default_factory=MediumLaneSettings)

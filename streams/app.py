@@ -19,10 +19,12 @@ import redis.asyncio as aioredis
 
 from schemas.errors import BackendUnavailable
 from schemas.settings import Settings
+from streams.backlog import BacklogBoard
 from streams.classifier import Classified, SourceRecord, classify_record, refuse_over_limit
 from streams.envelopes import Outbound, deliver, dlq_record
 from streams.faust_transport import LanewayApp
-from streams.ops import LATENCY, RECORDS, RESULTS, ProcessState
+from streams.flow import FlowController
+from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.ratelimit import RateLimiter
 from streams.rules import RuleBook
 
@@ -51,15 +53,14 @@ def _faust_broker_options(settings: Settings) -> dict[str, Any]:
 
 def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = None) -> faust.App:
     rules = rules or RuleBook()
-    limiter = RateLimiter(
-        aioredis.from_url(
-            settings.redis.url,
-            socket_timeout=settings.redis.timeout_s,
-            socket_connect_timeout=settings.redis.timeout_s,
-        ),
-        settings.ratelimit,
-        settings.redis.key_prefix,
+    redis = aioredis.from_url(
+        settings.redis.url,
+        socket_timeout=settings.redis.timeout_s,
+        socket_connect_timeout=settings.redis.timeout_s,
     )
+    limiter = RateLimiter(redis, settings.ratelimit, settings.redis.key_prefix)
+    board = BacklogBoard(redis, settings.redis.key_prefix)
+    flow = FlowController(settings.flow.enter, settings.flow.exit, settings.flow.hold_s)
     app = LanewayApp(
         settings.app_id,
         fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
@@ -106,7 +107,9 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
             )
             now_ms = int(time.time() * 1000)
             try:
-                classified = classify_record(record, now_ms=now_ms, settings=settings, rules=rules)
+                classified = classify_record(
+                    record, now_ms=now_ms, settings=settings, rules=rules, level=flow.level
+                )
                 if classified.request is not None:
                     verdict = await limiter.check(classified.request.tenant)
                     if not verdict.allowed:
@@ -131,6 +134,22 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
                 classified = Classified("rejected", [dlq])
             await deliver(classified.records, send, settings)
             _observe(classified)
+
+    @app.timer(settings.flow.interval_s)
+    async def watch_load() -> None:
+        """Re-read the lane backlog and move the load level (hysteresis)."""
+        if not settings.flow.enabled:
+            return
+        backlog = await board.read()
+        if backlog is None:
+            return  # Redis cannot say: keep the level we have
+        for lane, waiting in backlog.items():
+            BACKLOG.labels(lane).set(waiting)
+        before = flow.level
+        level = flow.update(sum(backlog.values()), time.monotonic())
+        FLOW_LEVEL.set(level)
+        if level != before:
+            log.warning("load level %d -> %d (backlog %s)", before, level, dict(backlog))
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def _assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:

@@ -6,7 +6,8 @@ record to ``classify_record`` and produces the records it returns. Outcomes:
 - invalid record       -> DLQ, plus an INF-400 result when id and reply topic can be read
 - deadline passed      -> INF-503 result
 - a rule owns it       -> the rule's answer, path ``rules``
-- otherwise            -> a ``RoutedRequest`` on the chosen lane topic
+- otherwise            -> a ``RoutedRequest`` on the chosen lane topic, as the
+                          flow controller's load level allows (or INF-429 shed)
 
 An accepted request whose tenant is over its rate limit is turned into an
 INF-429 result by ``refuse_over_limit`` (the agent asks the limiter).
@@ -29,6 +30,7 @@ from schemas.messages import (
 )
 from schemas.settings import Settings
 from streams.envelopes import Outbound, dlq_record, terminal_records
+from streams.flow import Shed, apply_level
 from streams.policy import decide
 from streams.rules import RuleBook
 
@@ -49,7 +51,7 @@ class SourceRecord:
 
 @dataclass(frozen=True, slots=True)
 class Classified:
-    outcome: Literal["routed", "answered", "rejected", "expired", "limited"]
+    outcome: Literal["routed", "answered", "rejected", "expired", "limited", "shed"]
     records: list[Outbound]
     result: InferenceResult | None = None
     """The terminal result the classifier gave, if it gave one."""
@@ -59,8 +61,9 @@ class Classified:
 
 
 def classify_record(
-    record: SourceRecord, *, now_ms: int, settings: Settings, rules: RuleBook
+    record: SourceRecord, *, now_ms: int, settings: Settings, rules: RuleBook, level: int = 0
 ) -> Classified:
+    """``level``: the flow controller's load level (``streams.flow``)."""
     raw = record.value or b""
     limits = settings.request_limits()
     try:
@@ -99,10 +102,24 @@ def classify_record(
         records = _terminal(result, request, reply_to, now_ms, settings)
         return Classified("answered", records, result, request, reply_to)
 
+    adjusted = apply_level(decision, request, level, settings.flow.shed_retry_after_ms)
+    if isinstance(adjusted, Shed):
+        shed = RateLimited(adjusted.reason, retry_after_ms=adjusted.retry_after_ms)
+        result = InferenceResult.failure(
+            request.id,
+            shed,
+            lane=decision.lane,
+            timings=_timings(age_ms),
+            batch_id=request.batch_id,
+        )
+        records = _terminal(result, request, reply_to, now_ms, settings)
+        return Classified("shed", records, result, request, reply_to)
+    decision = adjusted
     routed = RoutedRequest(
         request=request,
         lane=decision.lane,
         path=decision.path,
+        requested_path=decision.requested_path,
         reply_to=reply_to,
         produced_at_ms=record.timestamp_ms,
         routed_at_ms=now_ms,

@@ -11,10 +11,12 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 __all__ = [
+    "BACKLOG",
     "BATCH_SIZE",
+    "FLOW_LEVEL",
     "LATENCY",
     "RECORDS",
     "REDIS_ERRORS",
@@ -42,6 +44,9 @@ LATENCY = Histogram(
 BATCH_SIZE = Histogram(
     "laneway_batch_size", "Requests per worker batch", ["lane"], buckets=(1, 2, 4, 8, 16, 32, 64)
 )
+
+FLOW_LEVEL = Gauge("laneway_flow_level", "Flow controller load level (0 normal .. 3)")
+BACKLOG = Gauge("laneway_lane_backlog", "Records waiting on a lane topic", ["lane"])
 
 REDIS_ERRORS = Counter(
     "laneway_redis_errors_total", "Redis calls that failed (laneway went on without)", ["op"]

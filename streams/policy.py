@@ -31,6 +31,8 @@ class Decision:
     lane: Lane
     path: Path
     rule: RuleAnswer | None = None
+    requested_path: Path | None = None
+    """Set when flow control moved the request off the path the policy chose."""
 
 
 def estimate_tokens(text: str) -> int:

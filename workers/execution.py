@@ -266,7 +266,8 @@ class Executor:
     ) -> Finished:
         now = _now_ms()
         path = served_by or routed.path
-        degraded = path != routed.path
+        requested = routed.requested_path or routed.path
+        degraded = path != requested
         timings = Timings(
             queue_ms=round(max(0.0, started_ms - routed.produced_at_ms), 3),
             inference_ms=round(inference_ms, 3),
@@ -292,7 +293,7 @@ class Executor:
                 lane=self.lane,
                 path=path,
                 degraded=degraded,
-                requested_path=routed.path if degraded else None,
+                requested_path=requested if degraded else None,
                 model=model,
                 usage=Usage(
                     prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens

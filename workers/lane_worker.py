@@ -16,8 +16,10 @@ import asyncio
 import logging
 import signal
 import time
+import uuid
 from collections.abc import Awaitable, Sequence
 
+import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from prometheus_client import Counter
@@ -26,6 +28,7 @@ from pydantic import ValidationError
 from schemas.errors import BackendUnavailable, InvalidRequest
 from schemas.messages import InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
+from streams.backlog import BacklogBoard
 from streams.envelopes import Outbound, deliver, dlq_record, terminal_records
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from workers.batcher import collect_batch
@@ -51,6 +54,7 @@ class LaneWorker:
         state: ProcessState | None = None,
         executor: Executor | None = None,
         store: ResultStore | None = None,
+        board: BacklogBoard | None = None,
     ) -> None:
         self.settings = settings
         self.lane = lane
@@ -60,6 +64,9 @@ class LaneWorker:
             lane, backend_slots(settings.backend), settings.backend.system_prompt
         )
         self.store = store
+        self.board = board
+        self._worker_id = uuid.uuid4().hex[:8]
+        self._reported_at = 0.0
         self.topic = settings.lane_topic(lane)
         self._stopping = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
@@ -114,6 +121,21 @@ class LaneWorker:
             )
             if records:
                 await self.process(records)
+            await self._report_backlog()
+
+    async def _report_backlog(self) -> None:
+        """Tell the flow controller how many records wait on this worker's partitions."""
+        assert self._consumer is not None
+        now = time.monotonic()
+        if self.board is None or now - self._reported_at < self.settings.flow.interval_s:
+            return
+        self._reported_at = now
+        waiting = 0
+        for tp in self._consumer.assignment():
+            highwater = self._consumer.highwater(tp)
+            if highwater is not None:
+                waiting += max(0, highwater - await self._consumer.position(tp))
+        await self.board.report(self.lane, self._worker_id, waiting)
 
     async def _fetch(self, timeout_s: float, max_items: int) -> list[ConsumerRecord]:
         assert self._consumer is not None
@@ -280,7 +302,15 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         ttl_s=settings.redis.result_ttl_s,
         timeout_s=settings.redis.timeout_s,
     )
-    worker = LaneWorker(settings, lane, state, store=store)
+    board = BacklogBoard(
+        aioredis.from_url(
+            settings.redis.url,
+            socket_timeout=settings.redis.timeout_s,
+            socket_connect_timeout=settings.redis.timeout_s,
+        ),
+        settings.redis.key_prefix,
+    )
+    worker = LaneWorker(settings, lane, state, store=store, board=board)
     await worker.start()
     loop = asyncio.get_running_loop()
     runner = asyncio.ensure_future(worker.run())

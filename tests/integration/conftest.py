@@ -28,6 +28,8 @@ CHILD_ENV = {
     "LANEWAY_RATELIMIT_TENANTS": '{"tiny": {"rps": 0.1, "burst": 2}}',
     # Keys of this session only, should LANEWAY_REDIS_URL name a shared Redis.
     "LANEWAY_REDIS_KEY_PREFIX": f"test-{uuid.uuid4().hex[:8]}",
+    # Quick recovery so the flow-control test leaves the stack at level 0.
+    "LANEWAY_FLOW_HOLD_S": "1",
 }
 
 

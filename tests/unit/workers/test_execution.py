@@ -237,3 +237,11 @@ async def test_out_of_memory_splits_the_batch_before_mem_err() -> None:
     assert [f.result.status for f in finished] == ["ok"] * 4
     assert not any(f.result.degraded for f in finished)
     assert backend.batch_sizes == [4, 2, 1, 1, 2, 1, 1]
+
+
+async def test_flow_control_moves_are_reported_as_degraded() -> None:
+    moved = routed("ping", Path.RULES).model_copy(update={"requested_path": Path.HEAVY})
+    executor = Executor(Lane.REALTIME, {Path.RULES: rules_slot()})
+    (done,) = await executor.execute([moved])
+    assert done.result.status == "ok" and done.result.path == "rules"
+    assert done.result.degraded and done.result.requested_path == "heavy"

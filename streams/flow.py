@@ -1,0 +1,74 @@
+"""Flow control: degrade in steps under load, recover in steps after it.
+
+Pressure is the lane backlog the workers report (records waiting on the
+lane topics). Levels, each keeping what the one below it does:
+
+    0  normal
+    1  heavy -> light for medium-complexity work (not code, maths, reasoning)
+    2  bulk intake paused: new bulk requests get INF-429 with retry_after_ms
+    3  realtime keeps rules / light only: every heavy request there goes light
+
+Hysteresis: a level is entered when pressure reaches its ``enter`` mark and
+left only when pressure has stayed below its lower ``exit`` mark for
+``hold_s``, so the system does not flap at a threshold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from schemas.messages import InferenceRequest, Lane, Path
+from streams.policy import Decision, looks_hard
+
+__all__ = ["FlowController", "Shed", "apply_level"]
+
+
+class FlowController:
+    def __init__(self, enter: Sequence[int], exit: Sequence[int], hold_s: float) -> None:
+        if len(enter) != len(exit) or any(x >= e for e, x in zip(enter, exit, strict=True)):
+            raise ValueError(f"each exit mark must be below its enter mark: {enter=} {exit=}")
+        self._enter = list(enter)
+        self._exit = list(exit)
+        self._hold_s = hold_s
+        self.level = 0
+        self._calm_since: float | None = None
+
+    def update(self, pressure: float, now: float) -> int:
+        while self.level < len(self._enter) and pressure >= self._enter[self.level]:
+            self.level += 1  # up at once, as far as the pressure says
+            self._calm_since = None
+        if self.level == 0:
+            return 0
+        if pressure < self._exit[self.level - 1]:
+            if self._calm_since is None:
+                self._calm_since = now
+            elif now - self._calm_since >= self._hold_s:
+                self.level -= 1  # down one step per hold period
+                self._calm_since = now
+        else:
+            self._calm_since = None
+        return self.level
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """The request is not taken now: INF-429 with this retry hint."""
+
+    reason: str
+    retry_after_ms: int
+
+
+def apply_level(
+    decision: Decision, request: InferenceRequest, level: int, retry_after_ms: int
+) -> Decision | Shed:
+    """The policy's decision as the current level allows it. A path changed
+    here keeps the chosen one in ``requested_path`` (the answer says degraded)."""
+    if level >= 2 and decision.lane is Lane.BULK:
+        return Shed(f"bulk intake paused (load level {level})", retry_after_ms)
+    if decision.path is not Path.HEAVY:
+        return decision
+    everything = level >= 3 and decision.lane is Lane.REALTIME
+    if everything or (level >= 1 and not looks_hard(request.user_text())):
+        return replace(decision, path=Path.LIGHT, requested_path=Path.HEAVY)
+    return decision

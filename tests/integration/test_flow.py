@@ -1,0 +1,108 @@
+"""Flow control on real parts: workers report their backlog to Redis, the
+classifier's load level follows it, sheds bulk intake and recovers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+from schemas.messages import Lane
+from schemas.settings import BackendSettings, Settings
+from streams.backlog import BacklogBoard
+from streams.client import LanewayClient
+from streams.topics import create_topics
+from tests.integration.conftest import CHILD_ENV
+from workers.execution import Executor, backend_slots
+from workers.lane_worker import LaneWorker
+
+
+async def test_a_worker_reports_what_waits_on_its_partitions(settings: Settings) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
+    flow = settings.flow.model_copy(update={"interval_s": 0.01})
+    own = settings.model_copy(update={"kafka": kafka, "app_id": prefix, "flow": flow})
+    await create_topics(own)
+    producer = AIOKafkaProducer(**own.kafka.client_options())
+    await producer.start()
+    for i in range(5):
+        await producer.send_and_wait(
+            own.lane_topic(Lane.BULK), b"{}", partition=0, key=str(i).encode()
+        )
+    await producer.stop()
+
+    redis = aioredis.from_url(own.redis.url)
+    board = BacklogBoard(redis, prefix)
+    rules = backend_slots(BackendSettings(light="rules", heavy="rules"))
+    worker = LaneWorker(own, Lane.BULK, executor=Executor(Lane.BULK, rules), board=board)
+    await worker.start()
+    try:
+        fetched = []
+        for _ in range(20):
+            fetched += await worker._fetch(0.5, 1)
+            if fetched:
+                break
+        assert len(fetched) == 1
+        assert worker._consumer is not None
+        tp = TopicPartition(own.lane_topic(Lane.BULK), 0)
+        assert await worker._consumer.position(tp) == 1
+        await worker._report_backlog()
+        backlog = await board.read()
+    finally:
+        await worker.close()
+        await redis.aclose()
+    assert backlog is not None and backlog[Lane.BULK] == 4 and backlog[Lane.REALTIME] == 0
+
+
+async def test_stale_reports_are_ignored(settings: Settings) -> None:
+    redis = aioredis.from_url(settings.redis.url)
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    try:
+        old = int(time.time() * 1000) - 60_000
+        await redis.hset(f"{prefix}:backlog", "medium:dead", f"500:{old}")
+        await BacklogBoard(redis, prefix).report(Lane.MEDIUM, "alive", 7)
+        assert (await BacklogBoard(redis, prefix).read()) == {
+            Lane.REALTIME: 0,
+            Lane.MEDIUM: 7,
+            Lane.BULK: 0,
+        }
+    finally:
+        await redis.aclose()
+
+
+async def test_backlog_sheds_bulk_intake_and_the_stack_recovers(
+    client: LanewayClient, settings: Settings
+) -> None:
+    redis = aioredis.from_url(settings.redis.url)
+    board = BacklogBoard(redis, CHILD_ENV["LANEWAY_REDIS_KEY_PREFIX"])
+    worker_id = f"pressure-{uuid.uuid4().hex[:6]}"
+    try:
+        # A worker reports 80 records waiting: level 2 (enter marks 32/64/128).
+        shed = None
+        for _ in range(30):
+            await board.report(Lane.MEDIUM, worker_id, 80)
+            result = await client.ask("Name a colour.", batch_id="b", max_tokens=4, timeout_s=60)
+            if result.error is not None and result.error.code == "INF-429":
+                shed = result
+                break
+            await asyncio.sleep(0.5)
+        assert shed is not None and shed.error is not None
+        assert "bulk intake paused" in shed.error.message and shed.error.retry_after_ms
+        rules = await client.ask("ping", timeout_s=60)  # realtime rules still answered
+        assert rules.status == "ok"
+
+        await board.report(Lane.MEDIUM, worker_id, 0)  # the backlog is gone
+        recovered = None
+        for _ in range(60):
+            result = await client.ask("Name a colour.", batch_id="b", max_tokens=4, timeout_s=60)
+            if result.status == "ok":
+                recovered = result
+                break
+            await asyncio.sleep(0.5)
+        assert recovered is not None and recovered.lane == "bulk"
+    finally:
+        await redis.hdel(f"{CHILD_ENV['LANEWAY_REDIS_KEY_PREFIX']}:backlog", f"medium:{worker_id}")
+        await redis.aclose()

@@ -1,0 +1,98 @@
+import json
+
+import pytest
+
+from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.settings import Settings
+from streams.classifier import SourceRecord, classify_record
+from streams.flow import FlowController, Shed, apply_level
+from streams.policy import Decision
+from streams.rules import RuleBook
+
+
+def controller() -> FlowController:
+    return FlowController(enter=(10, 20, 40), exit=(5, 10, 20), hold_s=3)
+
+
+def test_levels_rise_at_once_with_pressure() -> None:
+    flow = controller()
+    assert flow.update(9, 0) == 0
+    assert flow.update(10, 1) == 1
+    assert flow.update(45, 2) == 3
+
+
+def test_levels_fall_one_step_per_calm_hold() -> None:
+    flow = controller()
+    flow.update(45, 0)
+    assert flow.update(19, 1) == 3  # below exit[2]=20, but not for hold_s yet
+    assert flow.update(19, 3) == 3
+    assert flow.update(19, 4) == 2  # calm for 3 s: one step down
+    assert flow.update(19, 5) == 2  # 19 is not below exit[1]=10
+    assert flow.update(4, 6) == 2
+    assert flow.update(4, 9) == 1
+    assert flow.update(4, 12) == 0
+
+
+def test_no_flapping_between_the_marks() -> None:
+    flow = controller()
+    flow.update(10, 0)
+    for t in range(1, 20):
+        assert flow.update(7 if t % 2 else 9, t) == 1  # between exit 5 and enter 10
+
+
+def test_a_spike_during_the_hold_restarts_it() -> None:
+    flow = controller()
+    flow.update(10, 0)
+    flow.update(1, 1)
+    flow.update(8, 2)  # not calm
+    assert flow.update(1, 3) == 1
+    assert flow.update(1, 5) == 1
+    assert flow.update(1, 6) == 0
+
+
+def test_marks_are_checked() -> None:
+    with pytest.raises(ValueError, match="exit mark must be below"):
+        FlowController(enter=(10, 20), exit=(10, 5), hold_s=1)
+
+
+def req(prompt: str) -> InferenceRequest:
+    return InferenceRequest(id="r", prompt=prompt)
+
+
+def test_level_one_moves_medium_work_to_light_but_not_hard_work() -> None:
+    plain = Decision(Lane.MEDIUM, Path.HEAVY)
+    moved = apply_level(plain, req("Tell me about Paris and its history and food"), 1, 100)
+    assert isinstance(moved, Decision)
+    assert moved.path is Path.LIGHT and moved.requested_path is Path.HEAVY
+    kept = apply_level(plain, req("Explain why the sky is blue"), 1, 100)
+    assert kept == plain
+
+
+def test_level_two_sheds_bulk_and_level_three_keeps_realtime_light() -> None:
+    shed = apply_level(Decision(Lane.BULK, Path.LIGHT), req("hi"), 2, 1234)
+    assert shed == Shed("bulk intake paused (load level 2)", 1234)
+    realtime_hard = Decision(Lane.REALTIME, Path.HEAVY)
+    assert apply_level(realtime_hard, req("Explain it"), 2, 1) == realtime_hard
+    three = apply_level(realtime_hard, req("Explain it"), 3, 1)
+    assert isinstance(three, Decision) and three.path is Path.LIGHT
+    assert apply_level(Decision(Lane.REALTIME, Path.RULES), req("hi"), 3, 1).path is Path.RULES  # type: ignore[union-attr]
+
+
+def test_classifier_sheds_and_degrades_by_level() -> None:
+    settings = Settings()
+    now = 1_700_000_000_000
+
+    def classify(body: dict[str, object], level: int):  # type: ignore[no-untyped-def]
+        record = SourceRecord(json.dumps(body).encode(), None, now, "laneway.requests", 0, 1)
+        return classify_record(record, now_ms=now, settings=settings, rules=RuleBook(), level=level)
+
+    bulk = classify({"id": "b", "prompt": "Name a colour", "batch_id": "x"}, 2)
+    assert bulk.outcome == "shed"
+    result = InferenceResult.model_validate_json(bulk.records[0].value)
+    assert result.error is not None and result.error.code == "INF-429"
+    assert result.error.retry_after_ms == settings.flow.shed_retry_after_ms
+
+    medium = classify({"id": "m", "prompt": "Tell me about " + "Paris " * 40}, 1)
+    routed = RoutedRequest.model_validate_json(medium.records[0].value)
+    assert routed.path == "light" and routed.requested_path == "heavy"
+    assert classify({"id": "m", "prompt": "Tell me about " + "Paris " * 40}, 0).outcome == "routed"
