@@ -182,6 +182,104 @@ async def drive(
     return samples, started, lost
 
 
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    load: float
+    offered_rps: float
+    sent: int
+    ok: int
+    degraded: int
+    limited: int
+    expired: int
+    other_errors: int
+    lost: int
+    realtime_p99_ms: float
+
+
+async def overload_step(
+    client: LanewayClient,
+    requests: Sequence[dict[str, Any]],
+    rate_rps: float,
+    timeout_s: float,
+) -> tuple[list[tuple[InferenceResult, float]], int]:
+    """Open loop: send at ``rate_rps`` whatever happens to the answers."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    pending: list[tuple[asyncio.Future[InferenceResult], float]] = []
+    for i, request in enumerate(requests):
+        await asyncio.sleep(max(0.0, started + i / rate_rps - loop.time()))
+        sent = time.perf_counter()
+        rid = f"ov-{i}-{uuid.uuid4().hex[:6]}"
+        pending.append((await client.submit({"id": rid, **request}), sent))
+    answered: list[tuple[InferenceResult, float]] = []
+    lost = 0
+    for future, sent in pending:
+        try:
+            result = await asyncio.wait_for(future, max(1.0, timeout_s))
+        except TimeoutError:
+            lost += 1
+            continue
+        answered.append((result, (time.perf_counter() - sent) * 1000))
+    return answered, lost
+
+
+def step_row(
+    load: float, rate: float, answered: list[tuple[InferenceResult, float]], lost: int
+) -> StepRow:
+    def code(r: InferenceResult) -> str | None:
+        return r.error.code if r.error else None
+
+    realtime = sorted(ms for r, ms in answered if r.lane == "realtime")
+    return StepRow(
+        load=load,
+        offered_rps=rate,
+        sent=len(answered) + lost,
+        ok=sum(r.status == "ok" and not r.degraded for r, _ in answered),
+        degraded=sum(r.status == "ok" and r.degraded for r, _ in answered),
+        limited=sum(code(r) == "INF-429" for r, _ in answered),
+        expired=sum(code(r) == "INF-503" for r, _ in answered),
+        other_errors=sum(code(r) not in (None, "INF-429", "INF-503") for r, _ in answered),
+        lost=lost,
+        realtime_p99_ms=_percentile(realtime, 0.99),
+    )
+
+
+def format_steps(rows: Sequence[StepRow]) -> str:
+    head = (
+        f"{'load':>5} {'req/s':>6} {'sent':>5} {'ok':>5} {'degr':>5} {'429':>5} "
+        f"{'503':>5} {'err':>4} {'lost':>4} {'realtime p99 ms':>16}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.load:4.0f}x {r.offered_rps:6.2f} {r.sent:5d} {r.ok:5d} {r.degraded:5d} "
+            f"{r.limited:5d} {r.expired:5d} {r.other_errors:4d} {r.lost:4d} "
+            f"{r.realtime_p99_ms:16.1f}"
+        )
+    return "\n".join(lines)
+
+
+async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow]:
+    """Measure capacity closed-loop, then offer 1x, 2x, 3x of it for a fixed window."""
+    calibration = mixed_workload(max(16, args.requests // 4), args.max_tokens)
+    samples, started, _ = await drive(settings, calibration, args.concurrency, timeout_s=300)
+    capacity = len(samples) / max(1e-9, max(s.finished_at for s in samples) - started)
+    rows = []
+    async with LanewayClient(
+        settings.kafka, client_id=f"overload-{uuid.uuid4().hex[:6]}"
+    ) as client:
+        for load in (1.0, 2.0, 3.0):
+            rate = capacity * load
+            n = max(1, round(rate * args.window_s))
+            workload = [
+                {**r, "deadline_ms": args.deadline_ms} for r in mixed_workload(n, args.max_tokens)
+            ]
+            answered, lost = await overload_step(client, workload, rate, timeout_s=300)
+            rows.append(step_row(load, rate, answered, lost))
+            await asyncio.sleep(args.settle_s)  # let the lanes drain between steps
+    return rows
+
+
 def run_bench(settings: Settings, args: argparse.Namespace) -> int:
     stack = None
     if args.embedded:
@@ -195,13 +293,23 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
         stack.start()
         settings = stack.settings
     try:
-        requests = mixed_workload(args.requests, args.max_tokens)
-        samples, started, lost = asyncio.run(
-            drive(settings, requests, args.concurrency, timeout_s=300)
-        )
+        if args.overload:
+            steps = asyncio.run(overload(settings, args))
+        else:
+            requests = mixed_workload(args.requests, args.max_tokens)
+            samples, started, lost = asyncio.run(
+                drive(settings, requests, args.concurrency, timeout_s=300)
+            )
     finally:
         if stack is not None:
             stack.stop()
+    if args.overload:
+        print(
+            f"\nlaneway bench --overload: {args.window_s:.0f} s per step, "
+            f"deadline {args.deadline_ms} ms, max_tokens {args.max_tokens}"
+        )
+        print(format_steps(steps))
+        return 1 if any(s.lost for s in steps) else 0
     rows = summarize(samples, started)
     print(
         f"\nlaneway bench: {len(requests)} requests, concurrency {args.concurrency}, "

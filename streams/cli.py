@@ -61,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--max-tokens", type=int, default=16)
     bench.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
+    bench.add_argument("--overload", action="store_true", help="offer 1x/2x/3x capacity, open loop")
+    bench.add_argument("--window-s", type=float, default=15.0, help="--overload: seconds per step")
+    bench.add_argument(
+        "--deadline-ms", type=int, default=20_000, help="--overload: request deadline"
+    )
+    bench.add_argument(
+        "--settle-s", type=float, default=5.0, help="--overload: pause between steps"
+    )
 
     sub.add_parser("demo", help="start the embedded stack, ask a question on every lane, stop")
     return parser

@@ -1,0 +1,42 @@
+from schemas.errors import DeadlineExceeded, RateLimited
+from schemas.messages import InferenceResult
+from streams.bench import Sample, format_steps, format_table, mixed_workload, step_row, summarize
+
+
+def test_mixed_workload_shape() -> None:
+    work = mixed_workload(100, 8)
+    assert len(work) == 100 and all(r["max_tokens"] == 8 for r in work)
+    assert sum(r["prompt"] in ("Hello!", "thanks", "ping", "help") for r in work) == 40
+    assert sum("batch_id" in r for r in work) == 20
+
+
+def test_summary_per_lane_and_path() -> None:
+    samples = [
+        Sample("realtime", "rules", "ok", 10.0, 1, 1.0),
+        Sample("realtime", "rules", "ok", 30.0, 1, 2.0),
+        Sample("bulk", "light", "error", 500.0, 4, 2.0),
+    ]
+    rows = summarize(samples, started_at=0.0)
+    by = {(r.lane, r.path): r for r in rows}
+    assert by[("realtime", "rules")].count == 2 and by[("realtime", "rules")].p99_ms == 30.0
+    assert by[("bulk", "light")].errors == 1 and by[("bulk", "light")].mean_batch == 4
+    assert by[("all", "all")].throughput_rps == 1.5
+    assert rows[-1].lane == "all" and "realtime" in format_table(rows)
+
+
+def test_overload_step_counts_every_outcome() -> None:
+    ok = InferenceResult(id="a", status="ok", lane="realtime")
+    degraded = InferenceResult(id="b", status="ok", lane="medium", degraded=True)
+    limited = InferenceResult.failure("c", RateLimited("shed", 100))
+    expired = InferenceResult.failure("d", DeadlineExceeded("late"))
+    row = step_row(2.0, 3.0, [(ok, 12.0), (degraded, 50.0), (limited, 1.0), (expired, 9.0)], 1)
+    assert (row.sent, row.ok, row.degraded, row.limited, row.expired, row.lost) == (
+        5,
+        1,
+        1,
+        1,
+        1,
+        1,
+    )
+    assert row.realtime_p99_ms == 12.0
+    assert "2x" in format_steps([row])
