@@ -67,6 +67,8 @@ class LaneWorker:
         self.board = board
         self._worker_id = uuid.uuid4().hex[:8]
         self._reported_at = 0.0
+        self._next_offset: dict[TopicPartition, int] = {}
+        """Per partition, the offset after the last record handed to this worker."""
         self.topic = settings.lane_topic(lane)
         self._stopping = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
@@ -119,9 +121,9 @@ class LaneWorker:
                 max_wait_s=lane.max_wait_ms / 1000,
                 idle_timeout_s=0.5,
             )
+            await self._report_backlog()  # before a batch that may run for seconds
             if records:
                 await self.process(records)
-            await self._report_backlog()
 
     async def _report_backlog(self) -> None:
         """Tell the flow controller how many records wait on this worker's partitions."""
@@ -130,11 +132,19 @@ class LaneWorker:
         if self.board is None or now - self._reported_at < self.settings.flow.interval_s:
             return
         self._reported_at = now
+        assignment = list(self._consumer.assignment())
         waiting = 0
-        for tp in self._consumer.assignment():
-            highwater = self._consumer.highwater(tp)
-            if highwater is not None:
-                waiting += max(0, highwater - await self._consumer.position(tp))
+        if assignment:
+            ends = await self._consumer.end_offsets(assignment)
+            for tp, end in ends.items():
+                # Not position(): it also moves past records aiokafka prefetched
+                # into its buffer, which still wait for this worker.
+                start = self._next_offset.get(tp)
+                if start is None:
+                    start = await self._consumer.committed(tp)
+                if start is None:
+                    start = (await self._consumer.beginning_offsets([tp]))[tp]
+                waiting += max(0, end - start)
         await self.board.report(self.lane, self._worker_id, waiting)
 
     async def _fetch(self, timeout_s: float, max_items: int) -> list[ConsumerRecord]:
@@ -142,6 +152,8 @@ class LaneWorker:
         polled = await self._consumer.getmany(
             timeout_ms=max(1, int(timeout_s * 1000)), max_records=max_items
         )
+        for tp, batch in polled.items():
+            self._next_offset[tp] = batch[-1].offset + 1
         return [record for batch in polled.values() for record in batch]
 
     async def process(self, records: Sequence[ConsumerRecord]) -> None:
