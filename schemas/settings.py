@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path as FsPath
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -91,6 +91,14 @@ class KafkaSettings(BaseSettings):
 
 class RedisSettings(BaseSettings):
     model_config = _config("LANEWAY_REDIS_")
+
+    def client(self) -> Any:
+        """An asyncio Redis client with this process's timeouts."""
+        import redis.asyncio as aioredis
+
+        return aioredis.from_url(
+            self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s
+        )
 
     url: str = "redis://127.0.0.1:6379/0"
     """Redis or Valkey URL; ``laneway up`` starts an embedded Valkey when unset."""

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import faust
-import redis.asyncio as aioredis
 
 from schemas.errors import BackendUnavailable
 from schemas.settings import Settings
@@ -53,11 +52,7 @@ def _faust_broker_options(settings: Settings) -> dict[str, Any]:
 
 def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = None) -> faust.App:
     rules = rules or RuleBook()
-    redis = aioredis.from_url(
-        settings.redis.url,
-        socket_timeout=settings.redis.timeout_s,
-        socket_connect_timeout=settings.redis.timeout_s,
-    )
+    redis = settings.redis.client()
     limiter = RateLimiter(redis, settings.ratelimit, settings.redis.key_prefix)
     board = BacklogBoard(redis, settings.redis.key_prefix)
     flow = FlowController(settings.flow.enter, settings.flow.exit, settings.flow.hold_s)

@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Sequence
 
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from prometheus_client import Counter
@@ -191,13 +190,7 @@ class LaneWorker:
 
         now_ms = int(time.time() * 1000)
         for _, routed, result in answers + replayed:
-            outbound += terminal_records(
-                result,
-                reply_to=routed.reply_to,
-                tenant=routed.request.tenant,
-                now_ms=now_ms,
-                settings=self.settings,
-            )
+            outbound += self._terminal(result, routed, now_ms)
         # Kept before they are sent: whatever happens after this point, a
         # redelivery repeats these results rather than computing new ones.
         if self.store is not None:
@@ -247,14 +240,19 @@ class LaneWorker:
                 path=routed.path,
                 batch_id=routed.request.batch_id,
             )
-            outbound += terminal_records(
-                result,
-                reply_to=routed.reply_to,
-                tenant=routed.request.tenant,
-                now_ms=now_ms,
-                settings=self.settings,
-            )
+            outbound += self._terminal(result, routed, now_ms)
         return outbound
+
+    def _terminal(
+        self, result: InferenceResult, routed: RoutedRequest, now_ms: int
+    ) -> list[Outbound]:
+        return terminal_records(
+            result,
+            reply_to=routed.reply_to,
+            tenant=routed.request.tenant,
+            now_ms=now_ms,
+            settings=self.settings,
+        )
 
     def _reject(self, record: ConsumerRecord, exc: ValidationError) -> Outbound:
         RECORDS.labels(f"worker-{self.lane}", "rejected").inc()
@@ -308,20 +306,9 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
     """Run a worker until SIGTERM/SIGINT. The batch in flight then gets
     ``drain_s`` to finish and commit; past that it is abandoned uncommitted
     and will be delivered again to the next worker."""
-    store = ResultStore.from_url(
-        settings.redis.url,
-        prefix=settings.redis.key_prefix,
-        ttl_s=settings.redis.result_ttl_s,
-        timeout_s=settings.redis.timeout_s,
-    )
-    board = BacklogBoard(
-        aioredis.from_url(
-            settings.redis.url,
-            socket_timeout=settings.redis.timeout_s,
-            socket_connect_timeout=settings.redis.timeout_s,
-        ),
-        settings.redis.key_prefix,
-    )
+    redis = settings.redis.client()  # one connection pool for store and board
+    store = ResultStore(redis, prefix=settings.redis.key_prefix, ttl_s=settings.redis.result_ttl_s)
+    board = BacklogBoard(redis, settings.redis.key_prefix)
     worker = LaneWorker(settings, lane, state, store=store, board=board)
     await worker.start()
     loop = asyncio.get_running_loop()
