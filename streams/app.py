@@ -20,7 +20,7 @@ from schemas.errors import BackendUnavailable
 from schemas.settings import Settings
 from streams.backlog import BacklogBoard
 from streams.classifier import Classified, SourceRecord, classify_record, refuse_over_limit
-from streams.envelopes import Outbound, deliver, dlq_record
+from streams.envelopes import Outbound, deliver, dlq_for
 from streams.faust_transport import LanewayApp
 from streams.flow import FlowController
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ProcessState
@@ -118,15 +118,7 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
             except Exception as exc:  # a bug must not stall the partition
                 log.exception("classifier failed on %s:%s", record.topic, record.offset)
                 error = BackendUnavailable(f"classifier error: {type(exc).__name__}: {exc}")
-                dlq = dlq_record(
-                    record.value or b"",
-                    record.key,
-                    error,
-                    source_topic=record.topic,
-                    source_offset=record.offset,
-                    settings=settings,
-                )
-                classified = Classified("rejected", [dlq])
+                classified = Classified("rejected", [dlq_for(record, error, settings)])
             await deliver(classified.records, send, settings)
             _observe(classified)
 

@@ -29,7 +29,7 @@ from schemas.messages import (
     peek_reply_address,
 )
 from schemas.settings import Settings
-from streams.envelopes import Outbound, dlq_record, terminal_records
+from streams.envelopes import Outbound, dlq_for, terminal_records
 from streams.flow import Shed, apply_level
 from streams.policy import decide
 from streams.rules import RuleBook
@@ -171,16 +171,7 @@ def _terminal(
 def _reject(
     record: SourceRecord, raw: bytes, error: LanewayError, *, now_ms: int, settings: Settings
 ) -> Classified:
-    records = [
-        dlq_record(
-            raw,
-            record.key,
-            error,
-            source_topic=record.topic,
-            source_offset=record.offset,
-            settings=settings,
-        )
-    ]
+    records = [dlq_for(record, error, settings)]
     address = peek_reply_address(raw, settings.request_limits())
     result = None
     if address is not None:

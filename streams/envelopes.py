@@ -8,12 +8,22 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from schemas.errors import BackendUnavailable, LanewayError
 from schemas.messages import InferenceResult, QualityEvent
 from schemas.settings import Settings
 
-__all__ = ["DLQ_HEADERS", "Outbound", "Send", "deliver", "dlq_record", "terminal_records"]
+__all__ = [
+    "DLQ_HEADERS",
+    "ConsumedRecord",
+    "Outbound",
+    "Send",
+    "deliver",
+    "dlq_for",
+    "dlq_record",
+    "terminal_records",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,31 @@ def terminal_records(
             event.model_dump_json().encode(),
         ),
     ]
+
+
+class ConsumedRecord(Protocol):
+    """What laneway needs of a consumed record (faust's or aiokafka's)."""
+
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+
+
+def dlq_for(record: ConsumedRecord, error: LanewayError, settings: Settings) -> Outbound:
+    """A consumed record that could not be processed, as its DLQ record."""
+    return dlq_record(
+        record.value or b"",
+        record.key,
+        error,
+        source_topic=record.topic,
+        source_offset=record.offset,
+        settings=settings,
+    )
 
 
 def dlq_record(

@@ -28,7 +28,7 @@ from schemas.errors import BackendUnavailable, InvalidRequest
 from schemas.messages import InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.backlog import BacklogBoard
-from streams.envelopes import Outbound, deliver, dlq_record, terminal_records
+from streams.envelopes import Outbound, deliver, dlq_for, terminal_records
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from workers.batcher import collect_batch
 from workers.execution import Executor, backend_slots
@@ -223,16 +223,7 @@ class LaneWorker:
             )
             log.error("%s: poison record %s:%s:%s moved to the DLQ", self.lane, *key[:3])
             RECORDS.labels(f"worker-{self.lane}", "poisoned").inc()
-            outbound.append(
-                dlq_record(
-                    record.value or b"",
-                    record.key,
-                    error,
-                    source_topic=record.topic,
-                    source_offset=record.offset,
-                    settings=self.settings,
-                )
-            )
+            outbound.append(dlq_for(record, error, self.settings))
             result = InferenceResult.failure(
                 routed.request.id,
                 error,
@@ -257,14 +248,7 @@ class LaneWorker:
     def _reject(self, record: ConsumerRecord, exc: ValidationError) -> Outbound:
         RECORDS.labels(f"worker-{self.lane}", "rejected").inc()
         error = InvalidRequest(f"lane record is not a RoutedRequest: {exc.errors()[:3]}")
-        return dlq_record(
-            record.value or b"",
-            record.key,
-            error,
-            source_topic=record.topic,
-            source_offset=record.offset,
-            settings=self.settings,
-        )
+        return dlq_for(record, error, self.settings)
 
     async def _produce(self, outbound: Sequence[Outbound]) -> None:
         producer = self._producer
