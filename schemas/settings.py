@@ -18,6 +18,8 @@ from schemas.messages import Lane, RequestLimits
 
 __all__ = [
     "BackendSettings",
+    "CacheSettings",
+    "DriftSettings",
     "FlowSettings",
     "KafkaSettings",
     "LaneSettings",
@@ -25,6 +27,8 @@ __all__ = [
     "RateLimitSettings",
     "RedisSettings",
     "RoutingSettings",
+    "RulesSettings",
+    "SessionSettings",
     "Settings",
     "TenantLimit",
 ]
@@ -145,6 +149,10 @@ class FlowSettings(BaseSettings):
     """Records waiting on the lanes at which levels 1, 2 and 3 begin."""
     exit: tuple[int, int, int] = (16, 32, 64)
     """Backlog below which a level may be left (after ``hold_s``)."""
+    p95_enter_ms: tuple[int, int, int] = (10_000, 20_000, 40_000)
+    """p95 latency of the realtime or medium lane (from the quality stream) at
+    which levels 1, 2 and 3 begin; the higher of the two pressures sets the level."""
+    p95_exit_ms: tuple[int, int, int] = (5_000, 10_000, 20_000)
     hold_s: float = Field(default=5.0, ge=0)
     interval_s: float = Field(default=1.0, gt=0)
     """How often workers report their backlog and the classifier re-reads it."""
@@ -152,10 +160,9 @@ class FlowSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _hysteresis(self) -> FlowSettings:
-        if any(x >= e for e, x in zip(self.enter, self.exit, strict=True)):
-            raise ValueError(
-                f"every exit mark must be below its enter mark: {self.enter} {self.exit}"
-            )
+        for enter, exit in ((self.enter, self.exit), (self.p95_enter_ms, self.p95_exit_ms)):
+            if any(x >= e for e, x in zip(enter, exit, strict=True)):
+                raise ValueError(f"every exit mark must be below its enter mark: {enter} {exit}")
         return self
 
 
@@ -211,15 +218,100 @@ class LimitsSettings(BaseSettings):
 
 
 class RoutingSettings(BaseSettings):
-    """The first, simple lane/path policy (``streams.policy``)."""
+    """Request classification and the smart router (``streams.features``,
+    ``streams.router``)."""
 
     model_config = _config("LANEWAY_ROUTING_")
 
     light_max_prompt_tokens: int = Field(default=48, ge=1)
-    """Prompts estimated above this many tokens go to the heavy model."""
+    """Prompts estimated above this many tokens are too complex for the light model."""
     realtime_max_deadline_ms: int = Field(default=3_000, ge=1)
     """A request whose deadline is at most this goes to the realtime lane."""
     rules_enabled: bool = True
+    deep_dialogue: int = Field(default=6, ge=0)
+    """Conversations longer than this many turns are at least moderately complex."""
+    tenant_tiers: dict[str, Literal["free", "standard", "premium"]] = Field(default_factory=dict)
+    """Tier per tenant (``{"acme": "premium"}``); premium work rides the realtime lane."""
+    w_lat: float = Field(default=0.4, ge=0)
+    w_cost: float = Field(default=0.3, ge=0)
+    w_fail: float = Field(default=0.3, ge=0)
+    """``score = w_lat*latency_norm + w_cost*cost_norm + w_fail*(1-success_rate)``; lowest wins."""
+    min_success_rate: float = Field(default=0.8, ge=0, le=1)
+    """A path below this windowed success rate is passed over while another
+    eligible path is healthy (exploration still samples it)."""
+    exploration: float = Field(default=0.05, ge=0, le=1)
+    """Share of model-path requests sent to a random eligible path, so a
+    recovered path is tried again and its statistics stay current."""
+    models_file: FsPath | None = None
+    """Model registry YAML (name, version, backend, path, lane, cost per 1k
+    tokens, max batch); the built-in registry of the two embedded models when unset."""
+    weights_refresh_s: float = Field(default=1.0, gt=0)
+    """How often a classifier re-reads the route weights the quality agent publishes."""
+    ewma_alpha: float = Field(default=0.2, gt=0, le=1)
+    """Weight of the newest latency sample in a path's moving average."""
+    success_window: int = Field(default=50, ge=1)
+    """Terminal results per path over which the success rate is counted."""
+    feedback_weight: float = Field(default=0.5, ge=0, le=1)
+    """How much a -1 feedback lowers a path's quality (a failed result counts 1)."""
+    force_path: Literal["light", "heavy"] | None = None
+    """Send every request to one model path, skipping cache, rules and the
+    router (a single-path baseline; ``laneway bench`` compares against it)."""
+
+
+class CacheSettings(BaseSettings):
+    """The response cache the classifier checks first (``streams.cache``)."""
+
+    model_config = _config("LANEWAY_CACHE_")
+
+    enabled: bool = True
+    ttl_s: int = Field(default=86_400, ge=1)
+    semantic: bool = True
+    """Also answer paraphrases: nearest cached prompt by embedding above ``threshold``."""
+    threshold: float = Field(default=0.9, gt=0, le=1)
+    """Cosine similarity a semantic hit needs."""
+    max_entries: int = Field(default=10_000, ge=1)
+    """Bound of the semantic index (oldest entries leave it first)."""
+    per_tenant: bool = False
+    """Keep each tenant's cache entries apart."""
+    sync_interval_s: float = Field(default=1.0, gt=0)
+    """How often the semantic index picks up entries other processes wrote."""
+
+
+class RulesSettings(BaseSettings):
+    """The rules engine (``streams.rules``)."""
+
+    model_config = _config("LANEWAY_RULES_")
+
+    file: FsPath | None = None
+    """YAML rule file; the built-in small-talk rules when unset."""
+    reload_interval_s: float = Field(default=1.0, gt=0)
+    """How often the rule file is checked for changes (hot reload)."""
+
+
+class SessionSettings(BaseSettings):
+    """Conversation history per ``session_id`` (``streams.sessions``)."""
+
+    model_config = _config("LANEWAY_SESSION_")
+
+    enabled: bool = True
+    max_tokens: int = Field(default=512, ge=0)
+    """History kept per session, oldest turns trimmed first (estimated tokens)."""
+    ttl_s: int = Field(default=3_600, ge=1)
+
+
+class DriftSettings(BaseSettings):
+    """Feature drift against a baseline (``streams.drift``)."""
+
+    model_config = _config("LANEWAY_DRIFT_")
+
+    enabled: bool = True
+    baseline_size: int = Field(default=500, ge=10)
+    """The first this many requests form the baseline distribution."""
+    window: int = Field(default=500, ge=10)
+    """Most recent requests compared against it."""
+    threshold: float = Field(default=0.2, gt=0)
+    """PSI above which a drift quality event is emitted (0.1 minor, 0.25 major)."""
+    interval_s: float = Field(default=30.0, gt=0)
 
 
 class BackendSettings(BaseSettings):
@@ -263,8 +355,11 @@ class Settings(BaseSettings):
     app_id: str = "laneway"
     """faust application id and consumer-group stem."""
     max_attempts: int = Field(default=3, ge=1)
-    """A lane record whose processing crashed its worker this often goes to the
-    DLQ with an INF-502 result, so one poison record cannot stall a partition."""
+    """A lane record whose processing failed this often goes to the DLQ with an
+    INF-502 result, so one poison record cannot stall a partition."""
+    retry_backoff_ms: int = Field(default=500, ge=0)
+    """First delay of a record parked on the retry topic; doubles per attempt."""
+    retry_max_backoff_ms: int = Field(default=10_000, ge=0)
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=9400, ge=0, le=65535)
     """Serves /metrics, /healthz and /readyz (0 disables)."""
@@ -273,6 +368,10 @@ class Settings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    rules: RulesSettings = Field(default_factory=RulesSettings)
+    session: SessionSettings = Field(default_factory=SessionSettings)
+    drift: DriftSettings = Field(default_factory=DriftSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     flow: FlowSettings = Field(default_factory=FlowSettings)
     backend: BackendSettings = Field(default_factory=BackendSettings)
