@@ -1,29 +1,184 @@
-"""Deterministic answers for intents that need no model.
+"""Deterministic answers for requests that need no model.
 
-A rule is a compiled pattern and an answer template; the first rule whose
-pattern matches the request's user text answers it. The built-in set covers
-small talk that would waste a model call; ``RuleBook`` takes any list of
-rules (a YAML file of them comes with the hybrid engine).
+A rule owns a request when one of its regex ``patterns`` matches the text or
+the text classifies as its ``intent`` (``streams.intents``); ``keywords``,
+when given, must all appear as well (alone they are the trigger). Rules are
+tried by ``priority``, highest first, then in file order. The answer is a
+template filled from the pattern's named groups and, for a rule with a
+``lookup``, from a Redis hash or JSON document (order status and the like).
+
+Everything is compiled when a rule file loads, so ``RuleBook.match`` costs a
+few regex searches and one intent classification per request, and a rule
+file is refused whole at load when any rule could not render: a regex that
+does not compile, a placeholder nothing provides, an unknown intent. The
+file format is documented in ``streams/rules.example.yaml``.
+
+``RuleSource`` keeps the current book and hot-reloads the file: a broken
+edit is logged (naming the rule and what is wrong) and the last good book
+stays. At startup a broken file is an error: a process should not serve
+without the rules its operator gave it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
+import logging
 import re
-from dataclasses import dataclass
+import string
+import time
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-__all__ = ["DEFAULT_RULES", "Rule", "RuleAnswer", "RuleBook"]
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from redis.exceptions import RedisError, ResponseError
+
+from streams.intents import IntentIndex, IntentSpec, keyword_regex
+from streams.ops import REDIS_ERRORS
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from schemas.settings import RulesSettings
+
+__all__ = [
+    "DEFAULT_RULES",
+    "EXAMPLE_RULES_FILE",
+    "Lookup",
+    "Rule",
+    "RuleAnswer",
+    "RuleBook",
+    "RuleFileError",
+    "RuleMatch",
+    "RuleSource",
+    "Template",
+]
+
+log = logging.getLogger(__name__)
+
+EXAMPLE_RULES_FILE = Path(__file__).with_name("rules.example.yaml")
+
+
+class RuleFileError(ValueError):
+    """A rule file that cannot be used; the message names the file, the rule
+    and what to fix."""
+
+
+class Template:
+    """A ``{name}`` answer template, parsed once. Only plain names are
+    allowed (no positional ``{}``, attribute access or format specs), so a
+    template can always be checked against what will fill it; ``{{`` and
+    ``}}`` are literal braces."""
+
+    __slots__ = ("fields", "pieces", "source")
+
+    def __init__(self, source: str) -> None:
+        pieces: list[tuple[str, str | None]] = []
+        try:
+            parsed = list(string.Formatter().parse(source))
+        except ValueError as exc:
+            raise ValueError(f"template {source!r}: {exc}") from None
+        for literal, name, spec, conversion in parsed:
+            if name is not None and not name.isidentifier():
+                raise ValueError(
+                    f"template {source!r}: placeholder {{{name}}} must be a plain name"
+                )
+            if spec or conversion:
+                raise ValueError(
+                    f"template {source!r}: {{{name}}} may not carry a format spec or conversion"
+                )
+            pieces.append((literal, name))
+        self.source = source
+        self.pieces = tuple(pieces)
+        self.fields = frozenset(name for _, name in pieces if name is not None)
+
+    def render(self, values: Mapping[str, str]) -> str | None:
+        """The filled text, or ``None`` when a placeholder has no value (the
+        caller falls through to a model rather than send a broken sentence)."""
+        out: list[str] = []
+        for literal, name in self.pieces:
+            out.append(literal)
+            if name is not None:
+                value = values.get(name)
+                if value is None:
+                    return None
+                out.append(value)
+        return "".join(out)
+
+    def __repr__(self) -> str:
+        return f"Template({self.source!r})"
 
 
 @dataclass(frozen=True, slots=True)
+class Lookup:
+    """Where a rule's facts live in Redis: ``{key_prefix}:{key}``."""
+
+    key: Template
+    format: Literal["hash", "json"] = "hash"
+    fields: frozenset[str] | None = None
+    """The fields the answer may use; ``None`` when not declared."""
+    missing: Template | None = None
+    """The answer when the key is absent; ``None`` falls through to a model."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Rule:
     name: str
-    pattern: re.Pattern[str]
-    answer: str
-    """``str.format`` template; named groups of ``pattern`` fill it."""
+    answer: Template
+    patterns: tuple[re.Pattern[str], ...] = ()
+    keywords: tuple[re.Pattern[str], ...] = ()
+    intent: str | None = None
+    lookup: Lookup | None = None
+    priority: int = 0
+    min_confidence: float = 0.0
+    """Confidence this rule's intent needs; the classifier's threshold applies
+    first, so this can only ask for more."""
+    defaults: Mapping[str, str] = field(default_factory=dict)
+    """Values for placeholders that a match or lookup left empty."""
+    required: frozenset[str] = frozenset()
+    """Names a match must supply from pattern groups (or ``defaults``) to be usable."""
 
     @classmethod
     def of(cls, name: str, pattern: str, answer: str) -> Rule:
-        return cls(name, re.compile(pattern, re.IGNORECASE), answer)
+        """A one-pattern rule whose answer uses the pattern's named groups."""
+        template = Template(answer)
+        return cls(
+            name, template, patterns=(re.compile(pattern, re.IGNORECASE),), required=template.fields
+        )
+
+    def groups_for(self, text: str, intent: str | None, confidence: float) -> dict[str, str] | None:
+        """The named groups this rule matched ``text`` with, or ``None``."""
+        if self.keywords and not all(k.search(text) for k in self.keywords):
+            return None
+        found: dict[str, str] | None = None
+        for pattern in self.patterns:
+            hit = pattern.search(text)
+            if hit:
+                found = {k: v for k, v in hit.groupdict().items() if v is not None}
+                break
+        if found is None:
+            if self.intent is not None and intent == self.intent:
+                found = {} if confidence >= self.min_confidence else None
+            elif not self.patterns and self.intent is None:
+                found = {}  # keywords alone
+        if found is None:
+            return None
+        if any(name not in found and name not in self.defaults for name in self.required):
+            return None  # e.g. an order question without a number: the next rule asks for it
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class RuleMatch:
+    rule: Rule
+    groups: Mapping[str, str]
+    intent: str | None = None
+    """The text's classified intent (``None`` when none or the book has no intents)."""
+    confidence: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +207,424 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule.of("ping", r"^\s*ping\s*$", "pong"),
 )
 
+_KEY_VALUE = re.compile(r"[^\s\x00-\x1f*?\[\]]{1,200}")
+"""What a matched group may look like to go into a Redis key."""
+
 
 class RuleBook:
-    def __init__(self, rules: tuple[Rule, ...] = DEFAULT_RULES) -> None:
-        self.rules = rules
+    """Compiled rules and intents. The rules never change after build (a
+    reload swaps whole books); the only state is whether Redis lookups are
+    failing, so an outage is logged once and not paid for on every request."""
+
+    RETRY_REDIS_S = 1.0
+    """After a lookup failed, Redis is not asked again for this long: the
+    classifier handles records one at a time and must not wait out a socket
+    timeout on each."""
+
+    def __init__(
+        self,
+        rules: Sequence[Rule] = DEFAULT_RULES,
+        intents: IntentIndex | None = None,
+        *,
+        source: str = "built-in",
+    ) -> None:
+        self.intents = intents or IntentIndex({})
+        unknown = {r.intent for r in rules if r.intent is not None} - set(self.intents.names)
+        if unknown:
+            raise ValueError(f"rules name unknown intents: {sorted(unknown)}")
+        self.rules: tuple[Rule, ...] = tuple(sorted(rules, key=lambda r: -r.priority))
+        self.source = source
+        self._redis_failing = False
+        self._skip_redis_until = 0.0
+
+    @classmethod
+    def from_yaml(cls, text: str | bytes, *, source: str = "<string>") -> RuleBook:
+        """Parse and compile a rule file's content; ``RuleFileError`` says why not."""
+        rules, intents = _compile_file(text, source=source)
+        return cls(rules, intents, source=source)
+
+    @classmethod
+    def from_file(cls, path: Path) -> RuleBook:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise RuleFileError(f"{path}: cannot read the rule file: {exc}") from exc
+        return cls.from_yaml(data, source=str(path))
+
+    def classify(self, text: str) -> tuple[str | None, float]:
+        """The text's intent by this book's intents (see ``streams.intents``)."""
+        return self.intents.classify(text)
+
+    def match(
+        self, text: str, *, classified: tuple[str | None, float] | None = None
+    ) -> RuleMatch | None:
+        """The first usable rule for ``text`` by priority, or ``None``. Pass
+        ``classified`` when the caller already ran ``classify(text)``."""
+        if classified is None:
+            classified = self.intents.classify(text) if len(self.intents) else (None, 0.0)
+        intent, confidence = classified
+        for rule in self.rules:
+            groups = rule.groups_for(text, intent, confidence)
+            if groups is not None:
+                return RuleMatch(rule, groups, intent, confidence)
+        return None
 
     def answer(self, text: str) -> RuleAnswer | None:
-        """The first matching rule's answer, or ``None`` when no rule owns the text."""
-        for rule in self.rules:
-            match = rule.pattern.search(text)
-            if match:
-                return RuleAnswer(rule.name, rule.answer.format(**match.groupdict()))
-        return None
+        """The answer of the first matching rule, when it needs no lookup.
+        ``None`` when no rule owns the text or the owner needs Redis (use
+        ``respond`` or ``match`` + ``resolve`` for those)."""
+        found = self.match(text)
+        if found is None or found.rule.lookup is not None:
+            return None
+        return self._render(found.rule, found.rule.answer, found.groups)
+
+    async def respond(
+        self, text: str, redis: aioredis.Redis | None, key_prefix: str
+    ) -> RuleAnswer | None:
+        """``match`` then ``resolve``: the answer to ``text``, lookups included."""
+        found = self.match(text)
+        return None if found is None else await self.resolve(found, redis, key_prefix)
+
+    async def resolve(
+        self, match: RuleMatch, redis: aioredis.Redis | None, key_prefix: str
+    ) -> RuleAnswer | None:
+        """The match's answer, reading its lookup from Redis when it has one.
+        Absent key: the rule's ``missing`` answer, else ``None``. Redis down
+        or a bad stored value: ``None`` (a model answers instead); never raises."""
+        rule = match.rule
+        lookup = rule.lookup
+        if lookup is None:
+            return self._render(rule, rule.answer, match.groups)
+        if redis is None:
+            return None
+        values = {**rule.defaults, **match.groups}
+        if not all(_KEY_VALUE.fullmatch(values.get(n, "")) for n in lookup.key.fields):
+            return None  # not a value to put into a key; let a model handle it
+        key = f"{key_prefix}:{lookup.key.render(values)}"
+        if time.monotonic() < self._skip_redis_until:
+            return None
+        try:
+            if lookup.format == "hash":
+                raw = await cast(Awaitable[Mapping[Any, Any]], redis.hgetall(key))
+                found = {_text(k): _text(v) for k, v in raw.items()} if raw else None
+            else:
+                document = await cast(Awaitable[Any], redis.get(key))
+                found = None if document is None else _json_fields(document)
+        except ResponseError as exc:  # Redis is up; the key holds the wrong kind of value
+            log.warning("rule %r: cannot read %r as %s: %s", rule.name, key, lookup.format, exc)
+            return None
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._lookup_failed(exc)
+            return None
+        except ValueError as exc:
+            log.warning("rule %r: the value at %r is not a JSON object: %s", rule.name, key, exc)
+            return None
+        if self._redis_failing:
+            self._redis_failing = False
+            log.info("rule lookups: Redis answers again")
+        if found is None:
+            if lookup.missing is None:
+                return None
+            return self._render(rule, lookup.missing, values)
+        return self._render(rule, rule.answer, {**values, **found})
+
+    def _lookup_failed(self, exc: BaseException) -> None:
+        REDIS_ERRORS.labels("rules").inc()
+        self._skip_redis_until = time.monotonic() + self.RETRY_REDIS_S
+        if not self._redis_failing:
+            self._redis_failing = True
+            log.warning(
+                "rule lookups: Redis failed (%s: %s); rules that need it fall through "
+                "to a model until it answers again",
+                type(exc).__name__,
+                exc,
+            )
+
+    @staticmethod
+    def _render(rule: Rule, template: Template, groups: Mapping[str, str]) -> RuleAnswer | None:
+        text = template.render({**rule.defaults, **groups})
+        if text is None:
+            missing = sorted(
+                n for n in template.fields if n not in groups and n not in rule.defaults
+            )
+            log.debug("rule %r has no value for %s; falling through", rule.name, missing)
+            return None
+        return RuleAnswer(rule.name, text)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _json_fields(document: bytes | str) -> dict[str, str]:
+    """Top-level fields of a JSON object as strings (``null`` counts as absent)."""
+    data = json.loads(document)
+    if not isinstance(data, dict):
+        raise ValueError(f"got {type(data).__name__}")
+    out: dict[str, str] = {}
+    for name, value in data.items():
+        if value is None:
+            continue
+        if isinstance(value, str):
+            out[name] = value
+        else:  # numbers, booleans, nested values as they read in JSON
+            out[name] = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return out
+
+
+# --- the rule file ---------------------------------------------------------
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _IntentSpec(_Spec):
+    keywords: list[str] = Field(default_factory=list)
+    examples: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _keywords_or_examples(self) -> _IntentSpec:
+        if not any(k.strip() for k in self.keywords) and not any(self.examples):
+            raise ValueError("an intent needs keywords or examples")
+        return self
+
+
+class _LookupSpec(_Spec):
+    key: str = Field(min_length=1)
+    format: Literal["hash", "json"] = "hash"
+    fields: list[str] | None = None
+    missing: str | None = None
+
+
+class _RuleSpec(_Spec):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    intent: str | None = None
+    patterns: list[str] = Field(default_factory=list)
+    keywords: list[str] = Field(default_factory=list)
+    answer: str
+    lookup: _LookupSpec | None = None
+    priority: int = 0
+    min_confidence: float = Field(default=0.0, ge=0.0, le=1.0)
+    defaults: dict[str, str] = Field(default_factory=dict)
+
+    def compile(self) -> Rule:
+        """The compiled rule; ``ValueError`` says what is wrong with it."""
+        if not (self.patterns or self.keywords or self.intent):
+            raise ValueError("give at least one of patterns, keywords or intent")
+        patterns = []
+        for source in self.patterns:
+            try:
+                patterns.append(re.compile(source, re.IGNORECASE))
+            except re.error as exc:
+                raise ValueError(f"pattern {source!r} does not compile: {exc}") from None
+        keywords = tuple(keyword_regex([k]) for k in self.keywords if k.strip())
+        if len(keywords) != len(self.keywords):
+            raise ValueError("keywords may not be blank")
+        answer = Template(self.answer)
+        lookup = None
+        needed = set(answer.fields) - set(self.defaults)
+        key_fields: frozenset[str] = frozenset()
+        if self.lookup is not None:
+            spec = self.lookup
+            missing = Template(spec.missing) if spec.missing is not None else None
+            fields = frozenset(spec.fields) if spec.fields is not None else None
+            lookup = Lookup(Template(spec.key), spec.format, fields, missing)
+            key_fields = lookup.key.fields
+            # Answer names the lookup may fill: the declared fields, or any when undeclared.
+            needed = set() if fields is None else needed - fields
+            if missing is not None:
+                needed |= missing.fields - set(self.defaults)
+        required = key_fields | needed
+        # Every way the rule can match must bring what it needs to render.
+        triggers: list[tuple[str, set[str]]] = [
+            (f"pattern {p.pattern!r}", set(p.groupindex)) for p in patterns
+        ]
+        if self.intent is not None:
+            triggers.append((f"intent {self.intent!r}", set()))
+        if not patterns and self.intent is None:
+            triggers.append(("keywords alone", set()))
+        for trigger, provides in triggers:
+            lacking = sorted(key_fields - provides) + sorted(needed - provides - key_fields)
+            if lacking:
+                raise ValueError(
+                    f"matched by {trigger}, nothing provides "
+                    + ", ".join(f"{{{n}}}" for n in lacking)
+                    + " (name a group (?P<name>...) in the pattern, add it to defaults"
+                    + (", or declare it in lookup.fields" if self.lookup else "")
+                    + ")"
+                )
+        return Rule(
+            name=self.name,
+            answer=answer,
+            patterns=tuple(patterns),
+            keywords=keywords,
+            intent=self.intent,
+            lookup=lookup,
+            priority=self.priority,
+            min_confidence=self.min_confidence,
+            defaults=dict(self.defaults),
+            required=frozenset(required),
+        )
+
+
+class _FileSpec(_Spec):
+    version: Literal[1] = 1
+    intent_threshold: float = Field(default=0.5, gt=0.0, le=1.0)
+    intents: dict[str, _IntentSpec] = Field(default_factory=dict)
+    rules: list[_RuleSpec] = Field(min_length=1)
+
+
+def _compile_file(text: str | bytes, *, source: str) -> tuple[list[Rule], IntentIndex]:
+    """Parse, validate and compile a rule file, or raise ``RuleFileError``."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RuleFileError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RuleFileError(f"{source}: expected a mapping with 'rules:' (and 'intents:')")
+    try:
+        spec = _FileSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(raw, e) for e in exc.errors())
+        raise RuleFileError(f"{source}: {problems}") from None
+    rules: list[Rule] = []
+    seen: set[str] = set()
+    for index, rule_spec in enumerate(spec.rules):
+        where = f"{source}: rule {rule_spec.name!r} (rules[{index}])"
+        if rule_spec.name in seen:
+            raise RuleFileError(f"{where}: a rule of this name comes earlier")
+        seen.add(rule_spec.name)
+        if rule_spec.intent is not None and rule_spec.intent not in spec.intents:
+            raise RuleFileError(
+                f"{where}: intent {rule_spec.intent!r} is not declared under 'intents:' "
+                f"(declared: {sorted(spec.intents)})"
+            )
+        try:
+            rules.append(rule_spec.compile())
+        except ValueError as exc:
+            raise RuleFileError(f"{where}: {exc}") from None
+    intents = IntentIndex(
+        {name: IntentSpec(i.keywords, i.examples) for name, i in spec.intents.items()},
+        threshold=spec.intent_threshold,
+    )
+    return rules, intents
+
+
+def _describe(raw: Mapping[str, Any], error: Any) -> str:
+    """One validation error, located by rule or intent name, not just index."""
+    loc = list(error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    where = ".".join(str(p) for p in loc) or "file"
+    if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):
+        entries = raw.get("rules")
+        entry = entries[loc[1]] if isinstance(entries, list) and loc[1] < len(entries) else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        rest = ".".join(str(p) for p in loc[2:])
+        where = f"rule {name!r} (rules[{loc[1]}])" + (f" {rest}" if rest else "")
+    elif len(loc) >= 2 and loc[0] == "intents":
+        rest = ".".join(str(p) for p in loc[2:])
+        where = f"intent {loc[1]!r}" + (f" {rest}" if rest else "")
+    return f"{where}: {message}"
+
+
+class RuleSource:
+    """The current ``RuleBook``, hot-reloaded from a YAML file.
+
+    ``reload_if_changed()`` is cheap (one ``stat``) and is meant to be called
+    on a timer. A change is noticed by mtime, size and inode, then confirmed
+    by a content hash; within ``RACY_S`` of a write the file is hashed on
+    every call, since a same-size rewrite inside one mtime tick would
+    otherwise go unseen."""
+
+    RACY_S = 2.0
+
+    def __init__(self, path: Path | None, reload_interval_s: float = 1.0) -> None:
+        """Raises ``RuleFileError`` when ``path`` cannot be loaded."""
+        self.path = path
+        self.reload_interval_s = reload_interval_s
+        self._signature: tuple[int, int, int] | None = None
+        self._digest: str | None = None
+        self._bad_digest: str | None = None
+        self._unreadable = False
+        if path is None:
+            self._book = RuleBook()
+            return
+        stat = _stat(path)
+        data = _read(path)
+        self._book = RuleBook.from_yaml(data, source=str(path))
+        self._signature = stat
+        self._digest = hashlib.sha256(data).hexdigest()
+        log.info("rules: %d rules, %d intents from %s", *self._counts(), path)
+
+    @classmethod
+    def from_settings(cls, settings: RulesSettings) -> RuleSource:
+        return cls(settings.file, settings.reload_interval_s)
+
+    @property
+    def book(self) -> RuleBook:
+        return self._book
+
+    def _counts(self) -> tuple[int, int]:
+        return len(self._book.rules), len(self._book.intents)
+
+    def reload_if_changed(self) -> bool:
+        """Load the file again if it changed; ``True`` when a new book is in
+        place. Never raises: a broken or vanished file is logged once and the
+        last good book stays."""
+        if self.path is None:
+            return False
+        try:
+            stat = _stat(self.path)
+            if stat == self._signature and time.time() - stat[0] / 1e9 > self.RACY_S:
+                return False
+            data = _read(self.path)
+        except RuleFileError as exc:
+            if not self._unreadable:
+                self._unreadable = True
+                log.error("rules: %s; keeping the last good rules", exc)
+            return False
+        self._unreadable = False
+        self._signature = stat
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in (self._digest, self._bad_digest):
+            return False
+        try:
+            book = RuleBook.from_yaml(data, source=str(self.path))
+        except RuleFileError as exc:
+            self._bad_digest = digest
+            rules, intents = self._counts()
+            log.error(
+                "rules: not reloaded, %s; keeping the last good rules (%d rules, %d intents)",
+                exc,
+                rules,
+                intents,
+            )
+            return False
+        self._book, self._digest, self._bad_digest = book, digest, None
+        log.info("rules: reloaded %d rules, %d intents from %s", *self._counts(), self.path)
+        return True
+
+    async def watch(self) -> None:
+        """Call ``reload_if_changed`` every ``reload_interval_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(self.reload_interval_s)
+            try:
+                self.reload_if_changed()
+            except Exception:  # a bug here must not end hot reload for good
+                log.exception("rules: reload check failed")
+
+
+def _stat(path: Path) -> tuple[int, int, int]:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise RuleFileError(f"{path}: cannot read the rule file: {exc}") from exc
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise RuleFileError(f"{path}: cannot read the rule file: {exc}") from exc
