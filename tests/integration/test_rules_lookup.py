@@ -15,7 +15,8 @@ import pytest
 
 from schemas.settings import RedisSettings
 from streams.embedded import EmbeddedRedis, free_port
-from streams.rules import EXAMPLE_RULES_FILE, RuleBook
+from streams.rulefile import EXAMPLE_RULES_FILE
+from streams.rules import RuleBook
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,8 @@ from redis.exceptions import ResponseError
 
 from streams.intents import MAX_CLASSIFY_CHARS, IntentIndex, IntentSpec, classify_intent
 from streams.ops import REDIS_ERRORS
-from streams.rules import (
-    EXAMPLE_RULES_FILE,
-    Rule,
-    RuleBook,
-    RuleFileError,
-    RuleSource,
-    Template,
-)
+from streams.rulefile import EXAMPLE_RULES_FILE, RuleFileError, RuleSource
+from streams.rules import Rule, RuleBook, Template
 
 EXAMPLE = RuleBook.from_file(EXAMPLE_RULES_FILE)
 
