@@ -1,0 +1,186 @@
+"""The response cache's pure text and key functions: normalisation, scope,
+the exact-match key, cache control, the entity guard and the store policy.
+
+No Redis, no asyncio, no numpy: everything here is a function of the request
+(and result) alone. ``streams.cache`` re-exports the public names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from collections.abc import Iterable
+
+from schemas.messages import InferenceRequest, InferenceResult, Path
+from schemas.settings import CacheSettings
+
+__all__ = [
+    "MODEL_PATHS",
+    "cache_control",
+    "cache_key",
+    "cache_scope",
+    "entities",
+    "key_of",
+    "normalise_prompt",
+    "request_entities",
+    "store_refusal",
+]
+
+_TRAILING = " \t\r\n.?!,;:\u2026\u3002\u3001"
+"""Trailing characters that do not change what is asked (full-width ? and !
+are plain ones after NFKC)."""
+
+MODEL_PATHS = frozenset({Path.LIGHT, Path.HEAVY})
+"""The paths whose answers may be stored and replayed."""
+_KEY_VERSION = "v1"
+"""Bumped when normalisation changes, so old entries are simply never found."""
+
+
+def _clean(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(text.split()).rstrip(_TRAILING)
+
+
+def normalise_prompt(request: InferenceRequest) -> str:
+    """The request's text as the cache compares it, independent of the model
+    that will answer: case-folded, whitespace collapsed, trailing punctuation
+    trimmed. A prompt and a lone user message are the same question; longer
+    chats become one ``role: content`` line per turn (contents never keep a
+    newline, so turns cannot be forged from inside a message)."""
+    chat = request.chat()
+    if len(chat) == 1 and chat[0].role == "user":
+        return _clean(chat[0].content)
+    return "\n".join(f"{m.role}: {_clean(m.content)}" for m in chat)
+
+
+def _max_tokens_class(max_tokens: int) -> str:
+    """Budgets close enough to share an answer; a reply cut at 64 tokens is
+    no answer to a request for 1000."""
+    for bound in (64, 256, 1024):
+        if max_tokens <= bound:
+            return f"<={bound}"
+    return ">1024"
+
+
+def _temperature_class(temperature: float) -> str:
+    if temperature == 0:
+        return "0"
+    return "low" if temperature <= 0.7 else "high"
+
+
+def cache_scope(request: InferenceRequest, settings: CacheSettings, context: str = "") -> str:
+    """Everything besides the text that must match for two requests to share
+    an answer. A JSON list, so no tenant name can forge another scope."""
+    tenant = (request.tenant or "") if settings.per_tenant else "*"
+    context_digest = hashlib.blake2b(context.encode(), digest_size=8).hexdigest() if context else ""
+    return json.dumps(
+        [
+            tenant,
+            _max_tokens_class(request.max_tokens),
+            _temperature_class(request.temperature),
+            context_digest,
+        ]
+    )
+
+
+def key_of(scope: str, text: str) -> str:
+    """The exact-match key of an already normalised text in ``scope``."""
+    payload = json.dumps([_KEY_VERSION, scope, text]).encode()
+    return hashlib.blake2b(payload, digest_size=16).hexdigest()
+
+
+def cache_key(request: InferenceRequest, settings: CacheSettings, context: str = "") -> str:
+    """The exact-match key: a hash of the normalised text and the scope.
+    ``context`` is the conversation history the answer depended on ("" for none)."""
+    return key_of(cache_scope(request, settings, context), normalise_prompt(request))
+
+
+def cache_control(request: InferenceRequest) -> tuple[bool, bool]:
+    """``(read, write)`` from ``metadata["cache"]``: ``"bypass"`` skips the
+    lookup, ``"no-store"`` keeps the answer out. Several directives may be
+    given comma-separated or as a list; anything else is ignored, so a typo
+    never breaks a request."""
+    value = request.metadata.get("cache")
+    if isinstance(value, str):
+        directives = {part.strip().lower() for part in value.split(",")}
+    elif isinstance(value, list | tuple):
+        directives = {str(part).strip().lower() for part in value}
+    else:
+        directives = set()
+    return "bypass" not in directives, "no-store" not in directives
+
+
+_PLAIN_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+_QUOTED = re.compile(r"\"([^\"]+)\"|`([^`]+)`|(?<!\w)'([^']+)'(?!\w)")
+_EDGE_PUNCT = "\"'`()[]{}<>,.;:!?\u00bf\u00a1#"
+_CLOSERS = "\"')]}"
+_SENTENCE_END = (".", "!", "?", "\u2026")
+_PRONOUN_I = frozenset({"i", "i'm", "i've", "i'll", "i'd"})
+
+
+def _is_specific(word: str) -> bool:
+    """Specific wherever it stands: numbers and ids (a digit), emails, URLs,
+    paths, file and identifier names, acronyms and CamelCase."""
+    return (
+        any(c.isdigit() for c in word)
+        or any(c in "@/_." for c in word)
+        or any(c.isupper() for c in word[1:])
+    )
+
+
+def entities(text: str) -> frozenset[str]:
+    """The specifics a prompt is about, case-folded: anything with a digit
+    (numbers, ids like A-123, order numbers, versions), emails, URLs, dotted
+    or slashed names, quoted strings, acronyms, and capitalised words that
+    are not a sentence's first (names rather than sentence openers).
+
+    Used only to *refuse* semantic hits, so it errs towards finding too
+    much: a spurious entity costs a model call, a missed one a wrong answer.
+    Names typed in lower case are not found; the similarity threshold is
+    then the only guard.
+    """
+    text = unicodedata.normalize("NFKC", text).translate(_PLAIN_QUOTES)
+    found = {
+        " ".join(next(g for g in m.groups() if g is not None).casefold().split())
+        for m in _QUOTED.finditer(text)
+    }
+    sentence_start = True
+    for raw in text.split():
+        word = raw.strip(_EDGE_PUNCT)
+        folded = word.casefold()
+        if word and folded not in _PRONOUN_I:
+            if _is_specific(word) or (word[0].isupper() and not sentence_start):
+                found.add(folded)
+        sentence_start = raw.rstrip(_CLOSERS).endswith(_SENTENCE_END)
+    found.discard("")
+    return frozenset(found)
+
+
+def request_entities(request: InferenceRequest) -> frozenset[str]:
+    """Entities of every message (each content starts a new sentence)."""
+    found: frozenset[str] = frozenset()
+    for message in request.chat():
+        found |= entities(message.content)
+    return found
+
+
+def store_refusal(request: InferenceRequest, result: InferenceResult) -> str | None:
+    """Why ``result`` must not be replayed for ``request``, or ``None`` if it may.
+
+    Only what a model said deterministically and in full is replayed: never an
+    error (a router that cached upstream errors served them as successes),
+    a rule or cache answer (their own source is cheaper and current), or a
+    degraded fallback answer."""
+    _, write = cache_control(request)
+    reasons: Iterable[tuple[bool, str]] = (
+        (not write, "client asked for no-store"),
+        (result.id != request.id, f"result {result.id!r} is not for request {request.id!r}"),
+        (result.status != "ok" or result.error is not None, "not a success"),
+        (request.temperature != 0, "sampled (temperature > 0)"),
+        (not (result.output or "").strip(), "empty output"),
+        (result.degraded, "degraded answer"),
+        (result.path not in MODEL_PATHS, f"path {result.path} is not a model path"),
+    )
+    return next((why for refused, why in reasons if refused), None)
