@@ -210,6 +210,8 @@ class RoutedRequest(WireModel):
     deadline_at_ms: int | None = None
     requested_path: Path | None = None
     """The path the policy chose, when flow control sent it down ``path`` instead."""
+    history: list[ChatMessage] = Field(default_factory=list)
+    """Earlier turns of the request's session, oldest first, put before its own."""
 
     def remaining_ms(self, now_ms: int) -> float | None:
         return None if self.deadline_at_ms is None else self.deadline_at_ms - now_ms
@@ -285,9 +287,13 @@ class InferenceResult(WireModel):
 
 
 class QualityEvent(WireModel):
-    """One per terminal result; the router's live record is built from these."""
+    """One per terminal result (``kind="result"``), one per failed attempt on
+    a path that a fallback then served (``"attempt"``), one per client
+    feedback joined to its path (``"feedback"``), one per feature drift
+    alarm (``"drift"``). The router's live record is built from these."""
 
     schema_version: Literal[1] = 1
+    kind: Literal["result", "attempt", "feedback", "drift"] = "result"
     id: str
     tenant: str | None = None
     lane: Lane | None = None
@@ -301,6 +307,10 @@ class QualityEvent(WireModel):
     cost: float = 0.0
     cache_hit: bool = False
     ts_ms: int
+    feedback: float | None = None
+    """The client's score (-1..1), on ``feedback`` events."""
+    drift: dict[str, float] | None = None
+    """PSI per drifted feature, on ``drift`` events."""
 
     @classmethod
     def of(cls, result: InferenceResult, *, tenant: str | None, ts_ms: int) -> QualityEvent:

@@ -1,9 +1,13 @@
 """The faust application and its classifier agent.
 
 The agent is thin: it turns each event into a ``SourceRecord``, calls the
-pure ``classify_record``, asks the tenant's rate limiter about an accepted
-request, and produces what it returns, waiting for the
-broker's acknowledgement before the event is acked (at-least-once).
+pure ``admit``, then asks Redis what the request needs — the tenant's rate
+limit, the session's history, the response cache, a rule's lookup — and
+hands what it found to the pure ``route``. It produces what ``route``
+returns and waits for the broker's acknowledgement before the event is
+acked (at-least-once). Timers keep the flow controller's load level, the
+route statistics, the rule file, the semantic cache index and the drift
+monitor current.
 Concurrency stays 1 per agent: with more, faust can commit past a message
 still in flight (faust #606); scale by partitions instead.
 """
@@ -17,66 +21,83 @@ from typing import Any
 import faust
 
 from schemas.errors import BackendUnavailable
+from schemas.messages import Lane, QualityEvent
 from schemas.settings import Settings
-from streams.backlog import BacklogBoard
-from streams.classifier import Classified, SourceRecord, classify_record, refuse_over_limit
+from streams.backlog import BacklogBoard, LatencyBoard
+from streams.cache import ResponseCache
+from streams.classifier import Admitted, Classified, SourceRecord, admit, refuse_over_limit, route
+from streams.drift import DriftMonitor
+from streams.embedding import MiniLMEmbedder
 from streams.envelopes import Outbound, deliver, dlq_for
-from streams.faust_transport import LanewayApp
+from streams.faust_transport import new_app, raw_topic
 from streams.flow import FlowController
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ProcessState
+from streams.policy import Found
 from streams.ratelimit import RateLimiter
-from streams.rules import RuleBook
+from streams.registry import load_registry
+from streams.router import RouteBoard, SmartRouter
+from streams.rulefile import RuleSource
+from streams.sessions import SessionStore, context_digest
 
-__all__ = ["build_app"]
+__all__ = ["Lookups", "build_app"]
 
 log = logging.getLogger(__name__)
 
 
-def _faust_broker_options(settings: Settings) -> dict[str, Any]:
-    kafka = settings.kafka
-    options: dict[str, Any] = {
-        "broker": [f"kafka://{hostport.strip()}" for hostport in kafka.bootstrap.split(",")],
-    }
-    context = kafka.ssl_context()
-    if kafka.sasl_mechanism:
-        options["broker_credentials"] = faust.SASLCredentials(
-            username=kafka.sasl_username,
-            password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
-            mechanism=kafka.sasl_mechanism,
-            ssl_context=context,
+class Lookups:
+    """Everything the classifier asks Redis about one accepted request."""
+
+    def __init__(self, settings: Settings, redis: Any, rules: RuleSource) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.rules = rules
+        self.limiter = RateLimiter(redis, settings.ratelimit, settings.redis.key_prefix)
+        self.sessions = SessionStore(redis, settings.session, key_prefix=settings.redis.key_prefix)
+        embedder = MiniLMEmbedder() if settings.cache.semantic else None
+        self.cache = ResponseCache(
+            redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=embedder
         )
-    elif context is not None:
-        options["broker_credentials"] = faust.SSLCredentials(context)
-    return options
+
+    async def find(self, admitted: Admitted) -> tuple[Found, list[Any]]:
+        """What cache, rules and the session say about the request."""
+        request, settings = admitted.request, self.settings
+        history = await self.sessions.history(request.session_id)
+        if settings.routing.force_path is not None:
+            return Found(history_turns=len(history)), history
+        book = self.rules.book
+        text = request.user_text()
+        classified = book.classify(text)
+        hit = None
+        if settings.cache.enabled:
+            hit = await self.cache.lookup(request, context_digest(history) if history else "")
+        rule = None
+        if hit is None and settings.routing.rules_enabled:
+            match = book.match(text, classified=classified)
+            if match is not None:
+                rule = await book.resolve(match, self.redis, settings.redis.key_prefix)
+        found = Found(hit=hit, rule=rule, intent=classified[0], history_turns=len(history))
+        return found, history
 
 
-def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = None) -> faust.App:
-    rules = rules or RuleBook()
+def build_app(
+    settings: Settings, state: ProcessState, rules: RuleSource | None = None
+) -> faust.App:
     redis = settings.redis.client()
-    limiter = RateLimiter(redis, settings.ratelimit, settings.redis.key_prefix)
-    board = BacklogBoard(redis, settings.redis.key_prefix)
+    rules = rules or RuleSource.from_settings(settings.rules)
+    lookups = Lookups(settings, redis, rules)
+    router = SmartRouter(
+        load_registry(settings.routing.models_file, settings.backend), settings.routing
+    )
+    routes = RouteBoard(redis, settings.redis.key_prefix)
+    backlog_board = BacklogBoard(redis, settings.redis.key_prefix)
+    latency_board = LatencyBoard(redis, settings.redis.key_prefix)
     flow = FlowController(settings.flow.enter, settings.flow.exit, settings.flow.hold_s)
-    app = LanewayApp(
-        settings.app_id,
-        fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
-        store="memory://",
-        topic_partitions=settings.kafka.partitions,
-        topic_replication_factor=settings.kafka.replication_factor,
-        topic_allow_declare=False,  # the registry created every topic up front
-        web_enabled=False,  # /metrics, /healthz, /readyz come from streams.ops
-        producer_acks=-1,
-        consumer_auto_offset_reset="earliest",
-        broker_commit_every=100,
-        broker_commit_interval=1.0,
-        **_faust_broker_options(settings),
+    slow = FlowController(
+        settings.flow.p95_enter_ms, settings.flow.p95_exit_ms, settings.flow.hold_s
     )
-    requests = app.topic(
-        settings.topic("requests"),
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-    )
+    drift = DriftMonitor(settings.drift)
+    app = new_app(settings, settings.app_id)
+    requests = raw_topic(app, settings.topic("requests"))
 
     async def send(record: Outbound) -> Any:
         return await app.send(
@@ -87,6 +108,31 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
             key_serializer="raw",
             value_serializer="raw",
         )
+
+    async def classify_one(record: SourceRecord) -> Classified:
+        now_ms = int(time.time() * 1000)
+        admitted = admit(record, now_ms=now_ms, settings=settings)
+        if isinstance(admitted, Classified):
+            return admitted
+        verdict = await lookups.limiter.check(admitted.request.tenant)
+        if not verdict.allowed:
+            return refuse_over_limit(
+                admitted, verdict.retry_after_ms, now_ms=now_ms, settings=settings
+            )
+        found, history = await lookups.find(admitted)
+        classified = route(
+            admitted,
+            found,
+            now_ms=int(time.time() * 1000),
+            settings=settings,
+            router=router,
+            stats=routes.snapshot,
+            level=max(flow.level, slow.level),
+            history=history,
+        )
+        if classified.decision is not None and classified.decision.features is not None:
+            drift.observe(classified.decision.features.as_dict())
+        return classified
 
     @app.agent(requests, concurrency=1)
     async def classify(stream: faust.StreamT) -> None:
@@ -100,21 +146,8 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
                 partition=message.partition,
                 offset=message.offset,
             )
-            now_ms = int(time.time() * 1000)
             try:
-                classified = classify_record(
-                    record, now_ms=now_ms, settings=settings, rules=rules, level=flow.level
-                )
-                if classified.request is not None:
-                    verdict = await limiter.check(classified.request.tenant)
-                    if not verdict.allowed:
-                        classified = refuse_over_limit(
-                            classified,
-                            verdict.retry_after_ms,
-                            age_ms=now_ms - record.timestamp_ms,
-                            now_ms=now_ms,
-                            settings=settings,
-                        )
+                classified = await classify_one(record)
             except Exception as exc:  # a bug must not stall the partition
                 log.exception("classifier failed on %s:%s", record.topic, record.offset)
                 error = BackendUnavailable(f"classifier error: {type(exc).__name__}: {exc}")
@@ -124,24 +157,76 @@ def build_app(settings: Settings, state: ProcessState, rules: RuleBook | None = 
 
     @app.timer(settings.flow.interval_s)
     async def watch_load() -> None:
-        """Re-read the lane backlog and move the load level (hysteresis)."""
+        """Re-read lane backlog and p95 latency; move the load level (hysteresis)."""
         if not settings.flow.enabled:
             return
-        backlog = await board.read()
-        if backlog is None:
-            return  # Redis cannot say: keep the level we have
-        for lane, waiting in backlog.items():
-            BACKLOG.labels(lane).set(waiting)
-        before = flow.level
-        level = flow.update(sum(backlog.values()), time.monotonic())
+        before = max(flow.level, slow.level)
+        now = time.monotonic()
+        backlog = await backlog_board.read()
+        if backlog is not None:  # None: Redis cannot say, keep the level we have
+            for lane, waiting in backlog.items():
+                BACKLOG.labels(lane).set(waiting)
+            flow.update(sum(backlog.values()), now)
+        latency = await latency_board.read()
+        if latency is not None:
+            # Bulk is slow by design; the interactive lanes say when users wait.
+            slow.update(max(latency.get(Lane.REALTIME, 0.0), latency.get(Lane.MEDIUM, 0.0)), now)
+        level = max(flow.level, slow.level)
         FLOW_LEVEL.set(level)
         if level != before:
-            log.warning("load level %d -> %d (backlog %s)", before, level, dict(backlog))
+            log.warning(
+                "load level %d -> %d (backlog %s, p95 ms %s)",
+                before,
+                level,
+                dict(backlog or {}),
+                {k.value: round(v) for k, v in (latency or {}).items()},
+            )
+
+    @app.timer(settings.routing.weights_refresh_s)
+    async def refresh_routes() -> None:
+        await routes.refresh()
+
+    @app.timer(settings.rules.reload_interval_s)
+    async def reload_rules() -> None:
+        if rules.reload_if_changed():
+            log.info("rules reloaded from %s", settings.rules.file)
+
+    @app.timer(settings.cache.sync_interval_s)
+    async def sync_cache() -> None:
+        if settings.cache.enabled and settings.cache.semantic:
+            await lookups.cache.sync()
+
+    @app.timer(settings.drift.interval_s)
+    async def watch_drift() -> None:
+        if not settings.drift.enabled:
+            return
+        drifted = drift.publish()
+        if drifted:
+            log.warning("request features drifted from the baseline: %s", drifted)
+            now_ms = int(time.time() * 1000)
+            event = QualityEvent(
+                kind="drift",
+                id=f"drift-{now_ms}",
+                success=False,
+                latency_ms=0.0,
+                ts_ms=now_ms,
+                drift=drifted,
+            )
+            out = Outbound(settings.topic("quality"), b"drift", event.model_dump_json().encode())
+            await deliver([out], send, settings)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def _assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         state.ready = True
         state.detail = f"classifying {len(assigned)} partitions"
+
+    @app.task
+    async def _warm() -> None:
+        """Load the embedder and the route statistics before the first
+        request needs them, so its latency is not a model load."""
+        await routes.refresh()
+        if settings.cache.enabled and settings.cache.semantic:
+            await lookups.cache.sync()
 
     return app
 

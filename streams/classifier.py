@@ -1,25 +1,33 @@
-"""The classifier's decision for one request record, as a pure function.
+"""The classifier's decision for one request record, as pure functions.
 
-The faust agent (``streams.app``) decodes nothing itself: it hands each raw
-record to ``classify_record`` and produces the records it returns. Outcomes:
+The faust agent (``streams.app``) decodes nothing itself. ``admit`` turns a
+raw record into an accepted request or a refusal; the agent then asks
+Redis what it needs (rate limit, session history, cache, rule lookups)
+and ``route`` turns the request and what was found into the records to
+produce. Outcomes:
 
 - invalid record       -> DLQ, plus an INF-400 result when id and reply topic can be read
 - deadline passed      -> INF-503 result
+- a cached answer      -> that answer, path ``cache``
 - a rule owns it       -> the rule's answer, path ``rules``
-- otherwise            -> a ``RoutedRequest`` on the chosen lane topic, as the
-                          flow controller's load level allows (or INF-429 shed)
+- otherwise            -> a ``RoutedRequest`` on the chosen lane topic, down
+                          the path the smart router picked, as the flow
+                          controller's load level allows (or INF-429 shed)
 
 An accepted request whose tenant is over its rate limit is turned into an
-INF-429 result by ``refuse_over_limit`` (the agent asks the limiter).
+INF-429 result by ``refuse_over_limit``. ``classify_record`` chains the
+steps with no I/O (built-in rules, no cache), for tests and tools.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from schemas.errors import DeadlineExceeded, InvalidRequest, LanewayError, RateLimited
 from schemas.messages import (
+    ChatMessage,
     InferenceRequest,
     InferenceResult,
     Path,
@@ -31,10 +39,20 @@ from schemas.messages import (
 from schemas.settings import Settings
 from streams.envelopes import Outbound, dlq_for, terminal_records
 from streams.flow import Shed, apply_level
-from streams.policy import decide
+from streams.policy import Decision, Found, decide
+from streams.registry import builtin_registry
+from streams.router import PathStats, SmartRouter
 from streams.rules import RuleBook
 
-__all__ = ["Classified", "SourceRecord", "classify_record", "refuse_over_limit"]
+__all__ = [
+    "Admitted",
+    "Classified",
+    "SourceRecord",
+    "admit",
+    "classify_record",
+    "refuse_over_limit",
+    "route",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,20 +68,30 @@ class SourceRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Admitted:
+    """A valid request within its deadline, and where its answer goes."""
+
+    request: InferenceRequest
+    reply_to: str
+    record: SourceRecord
+
+    def age_ms(self, now_ms: int) -> int:
+        return max(0, now_ms - self.record.timestamp_ms)
+
+
+@dataclass(frozen=True, slots=True)
 class Classified:
     outcome: Literal["routed", "answered", "rejected", "expired", "limited", "shed"]
     records: list[Outbound]
     result: InferenceResult | None = None
     """The terminal result the classifier gave, if it gave one."""
     request: InferenceRequest | None = None
-    """The accepted request (routed or answered), for the rate limiter."""
     reply_to: str | None = None
+    decision: Decision | None = field(default=None)
 
 
-def classify_record(
-    record: SourceRecord, *, now_ms: int, settings: Settings, rules: RuleBook, level: int = 0
-) -> Classified:
-    """``level``: the flow controller's load level (``streams.flow``)."""
+def admit(record: SourceRecord, *, now_ms: int, settings: Settings) -> Admitted | Classified:
+    """The accepted request, or the refusal (INF-400 + DLQ, INF-503) to produce."""
     raw = record.value or b""
     limits = settings.request_limits()
     try:
@@ -75,8 +103,8 @@ def classify_record(
     except InvalidRequest as error:
         return _reject(record, raw, error, now_ms=now_ms, settings=settings)
 
-    reply_to = request.reply_to or settings.replies_topic
-    age_ms = max(0, now_ms - record.timestamp_ms)
+    admitted = Admitted(request, request.reply_to or settings.replies_topic, record)
+    age_ms = admitted.age_ms(now_ms)
     if request.deadline_ms is not None and age_ms >= request.deadline_ms:
         expired = DeadlineExceeded(
             f"deadline of {request.deadline_ms} ms passed {age_ms - request.deadline_ms} ms "
@@ -85,24 +113,32 @@ def classify_record(
         result = InferenceResult.failure(
             request.id, expired, timings=_timings(age_ms), batch_id=request.batch_id
         )
-        return Classified("expired", _terminal(result, request, reply_to, now_ms, settings), result)
+        records = _terminal(result, admitted, now_ms, settings)
+        return Classified("expired", records, result, request, admitted.reply_to)
+    return admitted
 
-    decision = decide(request, settings.routing, rules)
-    if decision.rule is not None:
-        result = InferenceResult(
-            id=request.id,
-            status="ok",
-            output=decision.rule.text,
-            lane=decision.lane,
-            path=Path.RULES,
-            model=f"rules:{decision.rule.rule}",
-            timings=_timings(age_ms),
-            batch_id=request.batch_id,
-        )
-        records = _terminal(result, request, reply_to, now_ms, settings)
-        return Classified("answered", records, result, request, reply_to)
 
-    adjusted = apply_level(decision, request, level, settings.flow.shed_retry_after_ms)
+def route(
+    admitted: Admitted,
+    found: Found,
+    *,
+    now_ms: int,
+    settings: Settings,
+    router: SmartRouter,
+    stats: Mapping[Path, PathStats] | None = None,
+    level: int = 0,
+    history: Sequence[ChatMessage] = (),
+) -> Classified:
+    """``level``: the flow controller's load level (``streams.flow``)."""
+    request, reply_to = admitted.request, admitted.reply_to
+    age_ms = admitted.age_ms(now_ms)
+    decision = decide(request, found, settings.routing, router, stats or {})
+    answer = _answer(decision, admitted, age_ms)
+    if answer is not None:
+        records = _terminal(answer, admitted, now_ms, settings)
+        return Classified("answered", records, answer, request, reply_to, decision)
+
+    adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms)
     if isinstance(adjusted, Shed):
         shed = RateLimited(adjusted.reason, retry_after_ms=adjusted.retry_after_ms)
         result = InferenceResult.failure(
@@ -112,44 +148,87 @@ def classify_record(
             timings=_timings(age_ms),
             batch_id=request.batch_id,
         )
-        records = _terminal(result, request, reply_to, now_ms, settings)
-        return Classified("shed", records, result, request, reply_to)
-    decision = adjusted
+        records = _terminal(result, admitted, now_ms, settings)
+        return Classified("shed", records, result, request, reply_to, decision)
+    produced_ms = admitted.record.timestamp_ms
     routed = RoutedRequest(
         request=request,
-        lane=decision.lane,
-        path=decision.path,
-        requested_path=decision.requested_path,
+        lane=adjusted.lane,
+        path=adjusted.path,
+        requested_path=adjusted.requested_path,
         reply_to=reply_to,
-        produced_at_ms=record.timestamp_ms,
+        produced_at_ms=produced_ms,
         routed_at_ms=now_ms,
         deadline_at_ms=(
-            record.timestamp_ms + request.deadline_ms if request.deadline_ms is not None else None
+            produced_ms + request.deadline_ms if request.deadline_ms is not None else None
         ),
+        history=list(history),
     )
     out = Outbound(
-        settings.lane_topic(decision.lane), request.id.encode(), routed.model_dump_json().encode()
+        settings.lane_topic(adjusted.lane), request.id.encode(), routed.model_dump_json().encode()
     )
-    return Classified("routed", [out], None, request, reply_to)
+    return Classified("routed", [out], None, request, reply_to, adjusted)
+
+
+def classify_record(
+    record: SourceRecord,
+    *,
+    now_ms: int,
+    settings: Settings,
+    rules: RuleBook,
+    level: int = 0,
+    router: SmartRouter | None = None,
+) -> Classified:
+    """``admit`` then ``route`` with no I/O: rules that need no lookup, no
+    cache, no session, the registry's prior statistics."""
+    admitted = admit(record, now_ms=now_ms, settings=settings)
+    if isinstance(admitted, Classified):
+        return admitted
+    router = router or SmartRouter(builtin_registry(settings.backend), settings.routing)
+    text = admitted.request.user_text()
+    intent, _ = rules.classify(text)
+    rule = rules.answer(text) if settings.routing.rules_enabled else None
+    found = Found(rule=rule, intent=intent)
+    return route(admitted, found, now_ms=now_ms, settings=settings, router=router, level=level)
 
 
 def refuse_over_limit(
-    classified: Classified, retry_after_ms: int, *, age_ms: int, now_ms: int, settings: Settings
+    admitted: Admitted, retry_after_ms: int, *, now_ms: int, settings: Settings
 ) -> Classified:
-    """An accepted request whose tenant is over its rate limit: instead of
-    its route or answer, an INF-429 result that says when to retry."""
-    request, reply_to = classified.request, classified.reply_to
-    if request is None or reply_to is None:
-        return classified
+    """An accepted request whose tenant is over its rate limit: an INF-429
+    result that says when to retry."""
+    request = admitted.request
     error = RateLimited(
         f"tenant {request.tenant or '-'!r} is over its rate limit; retry in {retry_after_ms} ms",
         retry_after_ms=retry_after_ms,
     )
     result = InferenceResult.failure(
-        request.id, error, timings=_timings(age_ms), batch_id=request.batch_id
+        request.id, error, timings=_timings(admitted.age_ms(now_ms)), batch_id=request.batch_id
     )
-    records = _terminal(result, request, reply_to, now_ms, settings)
-    return Classified("limited", records, result, request, reply_to)
+    records = _terminal(result, admitted, now_ms, settings)
+    return Classified("limited", records, result, request, admitted.reply_to)
+
+
+def _answer(decision: Decision, admitted: Admitted, age_ms: int) -> InferenceResult | None:
+    """The classifier's own answer (cache or rules), if it has one."""
+    request = admitted.request
+    if decision.hit is not None:
+        hit = decision.hit
+        output, model = hit.output, f"cache:{hit.kind}:{hit.model or '-'}"
+    elif decision.rule is not None:
+        output, model = decision.rule.text, f"rules:{decision.rule.rule}"
+    else:
+        return None
+    return InferenceResult(
+        id=request.id,
+        status="ok",
+        output=output,
+        lane=decision.lane,
+        path=decision.path,
+        model=model,
+        timings=_timings(age_ms),
+        batch_id=request.batch_id,
+    )
 
 
 def _timings(age_ms: float) -> Timings:
@@ -157,14 +236,14 @@ def _timings(age_ms: float) -> Timings:
 
 
 def _terminal(
-    result: InferenceResult,
-    request: InferenceRequest,
-    reply_to: str,
-    now_ms: int,
-    settings: Settings,
+    result: InferenceResult, admitted: Admitted, now_ms: int, settings: Settings
 ) -> list[Outbound]:
     return terminal_records(
-        result, reply_to=reply_to, tenant=request.tenant, now_ms=now_ms, settings=settings
+        result,
+        reply_to=admitted.reply_to,
+        tenant=admitted.request.tenant,
+        now_ms=now_ms,
+        settings=settings,
     )
 
 

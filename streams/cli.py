@@ -9,7 +9,8 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from schemas.messages import Lane
 from schemas.settings import Settings
@@ -29,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     topics.add_argument("action", choices=["create", "list"])
 
     sub.add_parser("classifier", help="run the classifier agent (faust)")
+    sub.add_parser("router", help="run the quality loop that keeps the route statistics (faust)")
 
     worker = sub.add_parser("worker", help="run one lane worker")
     worker.add_argument("--lane", required=True, choices=[lane.value for lane in Lane])
@@ -62,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", type=int, default=16)
     bench.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
     bench.add_argument("--overload", action="store_true", help="offer 1x/2x/3x capacity, open loop")
+    bench.add_argument(
+        "--compare",
+        action="store_true",
+        help="hybrid engine vs every request on the heavy path, two embedded stacks in one run",
+    )
     bench.add_argument("--window-s", type=float, default=15.0, help="--overload: seconds per step")
     bench.add_argument(
         "--deadline-ms", type=int, default=20_000, help="--overload: request deadline"
@@ -122,12 +129,23 @@ def _ops_endpoints(settings: Settings) -> Iterator[ProcessState]:
 
 
 def _classifier(settings: Settings, args: argparse.Namespace) -> int:
-    import faust
-
     from streams.app import build_app
 
+    return _run_faust(settings, build_app)
+
+
+def _router(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.quality import build_quality_app
+
+    return _run_faust(settings, build_quality_app)
+
+
+def _run_faust(settings: Settings, build: Callable[[Settings, ProcessState], Any]) -> int:
+    """Serve the ops endpoints and run a faust app until it is stopped."""
+    import faust
+
     with _ops_endpoints(settings) as state:
-        app = build_app(settings, state)
+        app = build(settings, state)
         worker = faust.Worker(app, loglevel=settings.log_level, override_logging=False)
         worker.execute_from_commandline()  # returns through SystemExit on stop
     return 0
@@ -186,6 +204,11 @@ def _ask(settings: Settings, args: argparse.Namespace) -> int:
 def _bench(settings: Settings, args: argparse.Namespace) -> int:
     from streams.bench import run_bench
 
+    if args.compare:
+        from streams.bench_compare import compare
+
+        return compare(settings, args)
+
     return run_bench(settings, args)
 
 
@@ -198,6 +221,7 @@ def _demo(settings: Settings, args: argparse.Namespace) -> int:
 _COMMANDS = {
     "topics": _topics,
     "classifier": _classifier,
+    "router": _router,
     "worker": _worker,
     "up": _up,
     "ask": _ask,

@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from schemas.messages import InferenceRequest, InferenceResult
+from schemas.messages import Feedback, InferenceRequest, InferenceResult
 from schemas.settings import KafkaSettings
 
 __all__ = ["LanewayClient"]
@@ -45,6 +45,7 @@ class LanewayClient:
         self.reply_to = reply_to or f"{kafka.topic_prefix}.replies.{self.client_id}"
         self.duplicates = 0
         self._requests_topic = f"{kafka.topic_prefix}.requests"
+        self._feedback_topic = f"{kafka.topic_prefix}.feedback"
         self._pending: dict[str, asyncio.Future[InferenceResult]] = {}
         self._done: OrderedDict[str, None] = OrderedDict()
         self._remember = remember
@@ -163,6 +164,16 @@ class LanewayClient:
             return await asyncio.wait_for(future, timeout_s)
         finally:
             self._pending.pop(request["id"], None)
+
+    async def feedback(self, request_id: str, score: float, comment: str | None = None) -> None:
+        """Tell the quality loop how good an answer was (-1 bad .. +1 good);
+        a bad score lowers the quality of the path that answered it."""
+        if self._producer is None:
+            raise RuntimeError("client not started")
+        verdict = Feedback(request_id=request_id, score=score, comment=comment)
+        await self._producer.send_and_wait(
+            self._feedback_topic, verdict.model_dump_json().encode(), key=request_id.encode()
+        )
 
     async def _read_replies(self) -> None:
         assert self._consumer is not None

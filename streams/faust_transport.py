@@ -14,7 +14,9 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-__all__ = ["LanewayApp"]
+from schemas.settings import Settings
+
+__all__ = ["LanewayApp", "new_app"]
 
 
 def _transport_class(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
@@ -44,3 +46,48 @@ class LanewayApp(faust.App):
 
     def _new_transport(self) -> Any:
         return self._transport_cls(self.conf.broker_consumer, self)
+
+
+def _broker_options(settings: Settings) -> dict[str, Any]:
+    kafka = settings.kafka
+    options: dict[str, Any] = {
+        "broker": [f"kafka://{hostport.strip()}" for hostport in kafka.bootstrap.split(",")],
+    }
+    context = kafka.ssl_context()
+    if kafka.sasl_mechanism:
+        options["broker_credentials"] = faust.SASLCredentials(
+            username=kafka.sasl_username,
+            password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
+            mechanism=kafka.sasl_mechanism,
+            ssl_context=context,
+        )
+    elif context is not None:
+        options["broker_credentials"] = faust.SSLCredentials(context)
+    return options
+
+
+def new_app(settings: Settings, app_id: str) -> LanewayApp:
+    """A faust app as laneway runs them: acks=all, topics created up front by
+    the registry, tables in memory and rebuilt from their changelogs, no
+    faust web server (``streams.ops`` serves /metrics and the probes)."""
+    return LanewayApp(
+        app_id,
+        fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
+        store="memory://",
+        topic_partitions=settings.kafka.partitions,
+        topic_replication_factor=settings.kafka.replication_factor,
+        topic_allow_declare=False,
+        web_enabled=False,
+        producer_acks=-1,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_every=100,
+        broker_commit_interval=1.0,
+        **_broker_options(settings),
+    )
+
+
+def raw_topic(app: faust.App, name: str) -> Any:
+    """A topic of raw bytes keys and values (laneway decodes them itself)."""
+    return app.topic(
+        name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+    )

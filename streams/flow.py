@@ -4,7 +4,7 @@ Pressure is the lane backlog the workers report (records waiting on the
 lane topics). Levels, each keeping what the one below it does:
 
     0  normal
-    1  heavy -> light for medium-complexity work (not code, maths, reasoning)
+    1  heavy -> light for work below the complex class (no code, maths, long prompts)
     2  bulk intake paused: new bulk requests get INF-429 with retry_after_ms
     3  realtime keeps rules / light only: every heavy request there goes light
 
@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from schemas.messages import InferenceRequest, Lane, Path
-from streams.policy import Decision, looks_hard
+from schemas.messages import Lane, Path
+from streams.features import Complexity
+from streams.policy import Decision
 
 __all__ = ["FlowController", "Shed", "apply_level"]
 
@@ -59,9 +60,7 @@ class Shed:
     retry_after_ms: int
 
 
-def apply_level(
-    decision: Decision, request: InferenceRequest, level: int, retry_after_ms: int
-) -> Decision | Shed:
+def apply_level(decision: Decision, level: int, retry_after_ms: int) -> Decision | Shed:
     """The policy's decision as the current level allows it. A path changed
     here keeps the chosen one in ``requested_path`` (the answer says degraded)."""
     if level >= 2 and decision.lane is Lane.BULK:
@@ -69,6 +68,6 @@ def apply_level(
     if decision.path is not Path.HEAVY:
         return decision
     everything = level >= 3 and decision.lane is Lane.REALTIME
-    if everything or (level >= 1 and not looks_hard(request.user_text())):
+    if everything or (level >= 1 and decision.complexity < Complexity.COMPLEX):
         return replace(decision, path=Path.LIGHT, requested_path=Path.HEAVY)
     return decision

@@ -1,69 +1,92 @@
-"""The first lane/path policy: a pure function of the request and settings.
+"""The classifier's decision for an accepted request, as a pure function of
+the request, what the lookups found and the route statistics.
 
-- a rule owns the intent        -> path ``rules`` (answered by the classifier)
-- short, plain prompt           -> path ``light`` (small model)
-- long prompt, code, math, or a question that asks for reasoning -> ``heavy``
-
-Lane: the client's hint wins; else a batch job goes to ``bulk``, a tight
-deadline or a light request to ``realtime``, the rest to ``medium``.
+Paths, fastest first: a cached answer, then a rule's answer; otherwise
+the request's features give its complexity class and lane, and the smart
+router picks the eligible model path with the best live record. With
+``force_path`` set every request goes to that one model path (the
+single-path baseline of ``laneway bench``).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from schemas.messages import InferenceRequest, Lane, Path
 from schemas.settings import RoutingSettings
-from streams.rules import RuleAnswer, RuleBook
-
-__all__ = ["Decision", "decide", "estimate_tokens", "looks_hard"]
-
-_HARD = re.compile(
-    r"```|\bdef |\bclass |[=<>^]\s*\d|\d\s*[-+*/^]\s*\d|\b(explain|why|compare|analy[sz]e|"
-    r"prove|derive|step by step|complain\w*|refund|summari[sz]e|translate|write)\b",
-    re.IGNORECASE,
+from streams.cache import CacheHit
+from streams.features import (
+    Complexity,
+    RequestFeatures,
+    complexity_of,
+    estimate_tokens,
+    extract_features,
+    lane_for,
 )
+from streams.router import PathStats, SmartRouter
+from streams.rules import RuleAnswer
+
+__all__ = ["Decision", "Found", "decide", "estimate_tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What the classifier's lookups (cache, rules, session) found for a request."""
+
+    hit: CacheHit | None = None
+    rule: RuleAnswer | None = None
+    intent: str | None = None
+    history_turns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     lane: Lane
     path: Path
+    complexity: Complexity = Complexity.SIMPLE
+    features: RequestFeatures | None = None
+    hit: CacheHit | None = None
     rule: RuleAnswer | None = None
+    model: str | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    explored: bool = False
     requested_path: Path | None = None
-    """Set when flow control moved the request off the path the policy chose."""
+    """Set when flow control moved the request off the path the router chose."""
 
 
-def estimate_tokens(text: str) -> int:
-    """Rough token count for routing (about four characters a token)."""
-    return max(1, (len(text) + 3) // 4)
+def decide(
+    request: InferenceRequest,
+    found: Found,
+    routing: RoutingSettings,
+    router: SmartRouter,
+    stats: Mapping[Path, PathStats],
+) -> Decision:
+    features = extract_features(
+        request, routing, intent=found.intent, history_turns=found.history_turns
+    )
+    complexity = complexity_of(features, routing)
+    lane = lane_for(request, features, complexity, routing)
+    if routing.force_path is not None:
+        path = Path(routing.force_path)
+        return Decision(lane, path, complexity, features, model=_model_of(router, path))
+    answered_lane = request.lane or Lane.REALTIME  # answered at once, in the classifier
+    if found.hit is not None:
+        return Decision(answered_lane, Path.CACHE, complexity, features, hit=found.hit)
+    if found.rule is not None:
+        return Decision(answered_lane, Path.RULES, complexity, features, rule=found.rule)
+    choice = router.choose(complexity, lane, stats)
+    return Decision(
+        lane,
+        choice.path,
+        complexity,
+        features,
+        model=choice.model,
+        scores=choice.scores,
+        explored=choice.explored,
+    )
 
 
-def looks_hard(text: str) -> bool:
-    return bool(_HARD.search(text))
-
-
-def decide(request: InferenceRequest, routing: RoutingSettings, rules: RuleBook) -> Decision:
-    text = request.user_text()
-    rule = rules.answer(text) if routing.rules_enabled else None
-    if rule is not None:
-        path = Path.RULES
-    elif estimate_tokens(
-        request.prompt or "".join(m.content for m in request.chat())
-    ) > routing.light_max_prompt_tokens or looks_hard(text):
-        path = Path.HEAVY
-    else:
-        path = Path.LIGHT
-
-    if request.lane is not None:
-        lane = request.lane
-    elif request.batch_id is not None:
-        lane = Lane.BULK
-    elif (
-        request.deadline_ms is not None and request.deadline_ms <= routing.realtime_max_deadline_ms
-    ) or path in (Path.RULES, Path.LIGHT):
-        lane = Lane.REALTIME
-    else:
-        lane = Lane.MEDIUM
-    return Decision(lane=lane, path=path, rule=rule)
+def _model_of(router: SmartRouter, path: Path) -> str | None:
+    entry = router.registry.for_path(path)
+    return entry.name if entry else None

@@ -1,5 +1,6 @@
 """``laneway up``: the embedded broker, Redis, the topics, and the
-classifier and lane workers as supervised child processes.
+classifier, the lane workers and the quality/router agent as supervised
+child processes.
 
 A child that dies is restarted (with a growing pause if it keeps dying);
 each child's output is prefixed with its name; SIGTERM/SIGINT stops every
@@ -75,13 +76,18 @@ class Stack:
         self.out = out or sys.stdout
         self._lock = threading.Lock()
         ports = (
-            [http_port_base + i for i in range(len(lanes) + 1)]
+            [http_port_base + i for i in range(len(lanes) + 2)]
             if http_port_base
-            else [free_port() for _ in range(len(lanes) + 1)]
+            else [free_port() for _ in range(len(lanes) + 2)]
         )
-        self.children = [Child("classifier", ["classifier"], ports[0])] + [
-            Child(f"worker-{lane}", ["worker", "--lane", str(lane)], ports[i + 1])
-            for i, lane in enumerate(lanes)
+        self.children = [
+            Child("classifier", ["classifier"], ports[0]),
+            *(
+                Child(f"worker-{lane}", ["worker", "--lane", str(lane)], ports[i + 1])
+                for i, lane in enumerate(lanes)
+            ),
+            # The quality loop that keeps the router's statistics (DESIGN: 9404).
+            Child("router", ["router"], ports[len(lanes) + 1]),
         ]
         self._stopping = False
         self._child_env = child_env or {}

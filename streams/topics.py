@@ -18,7 +18,7 @@ from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 from schemas.messages import Lane
 from schemas.settings import Settings
 
-__all__ = ["TopicSpec", "create_topics", "topic_specs", "wait_for_broker"]
+__all__ = ["TopicSpec", "create_topics", "retry_topic", "topic_specs", "wait_for_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,11 @@ class TopicSpec:
     purpose: str
 
 
+def retry_topic(settings: Settings, lane: Lane) -> str:
+    """Where a lane's requests wait for another attempt (``workers.retry``)."""
+    return settings.topic(f"retry.{lane.value}")
+
+
 def topic_specs(settings: Settings, extra_reply_topics: tuple[str, ...] = ()) -> list[TopicSpec]:
     """Every topic of one deployment, in creation order."""
     n = settings.kafka.partitions
@@ -37,6 +42,10 @@ def topic_specs(settings: Settings, extra_reply_topics: tuple[str, ...] = ()) ->
     specs = [
         TopicSpec(t("requests"), n, "client requests (InferenceRequest)"),
         *(TopicSpec(settings.lane_topic(lane), n, f"{lane} lane (RoutedRequest)") for lane in Lane),
+        *(
+            TopicSpec(retry_topic(settings, lane), n, f"{lane} requests waiting to be retried")
+            for lane in Lane
+        ),
         TopicSpec(settings.replies_topic, n, "default reply topic (InferenceResult)"),
         TopicSpec(t("results"), n, "every terminal result (InferenceResult)"),
         TopicSpec(t("quality"), n, "quality events (QualityEvent)"),
@@ -46,6 +55,12 @@ def topic_specs(settings: Settings, extra_reply_topics: tuple[str, ...] = ()) ->
         # faust's internal topic: the leader assignor. Same partition count as
         # the sources, so faust's co-partitioning checks are satisfied.
         TopicSpec(f"{settings.app_id}-__assignor-__leader", n, "faust leader election"),
+        # The quality loop is its own faust app (``laneway router``): its
+        # leader topic and the changelog of its path-statistics table.
+        TopicSpec(f"{settings.app_id}-router-__assignor-__leader", n, "faust leader election"),
+        TopicSpec(
+            f"{settings.app_id}-router-path-stats-changelog", n, "path statistics (faust table)"
+        ),
     ]
     specs.extend(TopicSpec(name, n, "client reply topic") for name in extra_reply_topics)
     return specs

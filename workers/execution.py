@@ -33,6 +33,7 @@ from schemas.errors import (
 )
 from schemas.messages import ChatMessage, InferenceResult, Lane, Path, RoutedRequest, Timings, Usage
 from schemas.settings import BackendSettings
+from streams.sessions import with_history
 from workers.backends.base import (
     Backend,
     Generation,
@@ -157,6 +158,9 @@ async def _infer_splitting(
 class Finished:
     routed: RoutedRequest
     result: InferenceResult
+    failed: tuple[tuple[Path, LanewayError], ...] = ()
+    """Paths tried before the one that gave ``result``, and why each failed:
+    the quality loop counts them against those paths."""
 
 
 class Executor:
@@ -194,6 +198,7 @@ class Executor:
         done: dict[int, Finished] = {}
         pending = list(range(len(group)))
         errors: dict[int, LanewayError] = {}
+        failed: dict[int, list[tuple[Path, LanewayError]]] = {}
         skipped: list[str] = []
         for candidate in (path, *FALLBACK[path]):
             slot = self.slots.get(candidate)
@@ -217,10 +222,18 @@ class Executor:
             for i, outcome in zip(pending, outcomes, strict=True):
                 if _backend_failed(outcome):
                     errors[i] = outcome
+                    failed.setdefault(i, []).append((candidate, outcome))
                     still.append(i)
                     continue
                 done[i] = self._result(
-                    group[i], outcome, model, started_ms, inference_ms, batch_size, candidate
+                    group[i],
+                    outcome,
+                    model,
+                    started_ms,
+                    inference_ms,
+                    batch_size,
+                    candidate,
+                    tuple(failed.get(i, ())),
                 )
             pending = still
         now = _now_ms()
@@ -228,7 +241,16 @@ class Executor:
             error = errors.get(i) or BackendUnavailable(
                 f"no path can serve {path}: {'; '.join(skipped)}"
             )
-            done[i] = self._result(group[i], error, None, now, 0.0, batch_size, path)
+            done[i] = self._result(
+                group[i],
+                error,
+                None,
+                now,
+                0.0,
+                batch_size,
+                path,
+                tuple(f for f in failed.get(i, ()) if f[0] != path),
+            )
         return [done[i] for i in range(len(group))]
 
     async def _run_on(
@@ -244,7 +266,7 @@ class Executor:
     def _input(self, routed: RoutedRequest, now_ms: float) -> GenerationInput:
         remaining = routed.remaining_ms(int(now_ms))
         request = routed.request
-        messages = request.chat()
+        messages = with_history(request, routed.history)
         if self.system_prompt and not any(m.role == "system" for m in messages):
             messages.insert(0, ChatMessage(role="system", content=self.system_prompt))
         return GenerationInput(
@@ -263,6 +285,7 @@ class Executor:
         inference_ms: float,
         batch_size: int,
         served_by: Path | None = None,
+        failed: tuple[tuple[Path, LanewayError], ...] = (),
     ) -> Finished:
         now = _now_ms()
         path = served_by or routed.path
@@ -301,7 +324,7 @@ class Executor:
                 timings=timings,
                 batch_id=request.batch_id,
             )
-        return Finished(routed, result)
+        return Finished(routed, result, failed)
 
     async def close(self) -> None:
         for slot in self.slots.values():

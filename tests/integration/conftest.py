@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -63,7 +64,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture
 def settings(stack: Stack) -> Settings:
-    return stack.settings
+    """The children's settings (``CHILD_ENV`` included: the Redis key prefix
+    above all), with the running stack's broker and Redis addresses."""
+    with mock.patch.dict(os.environ, CHILD_ENV):
+        child = Settings()
+    running = stack.settings
+    return child.model_copy(
+        update={
+            "kafka": running.kafka,
+            "redis": child.redis.model_copy(update={"url": running.redis.url}),
+        }
+    )
 
 
 @pytest.fixture

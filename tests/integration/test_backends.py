@@ -5,10 +5,7 @@ OpenAI-compatible server, as vLLM's would be), vLLM where a GPU exists."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path as FsPath
@@ -18,10 +15,12 @@ import pytest
 from schemas.errors import BackendUnavailable, DeadlineExceeded
 from schemas.messages import ChatMessage, InferenceRequest, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings
-from streams.embedded import free_port, wait_for_port
+from streams.embedded import free_port
 from workers.backends.base import Backend, Generation, GenerationInput, create_backend
 from workers.execution import Executor, backend_slots
 from workers.models import resolve_gguf
+
+from .servers import llama_cpp_server
 
 
 def ask(text: str, max_tokens: int = 12, timeout_s: float | None = None) -> GenerationInput:
@@ -77,21 +76,6 @@ async def test_gemma_is_assembled_once_and_answers(tmp_path: FsPath) -> None:
     finally:
         await backend.close()
     assert isinstance(outcome, Generation) and "Paris" in outcome.text
-
-
-@contextlib.contextmanager
-def llama_cpp_server(port: int) -> Iterator[str]:
-    """A real OpenAI-compatible server (llama_cpp.server) serving SmolLM2."""
-    model = resolve_gguf("smollm2-135m", FsPath("."))
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model)]
-    command += ["--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port("127.0.0.1", port, 60, proc)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture(scope="module")

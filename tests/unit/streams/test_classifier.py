@@ -2,7 +2,7 @@ import json
 
 from schemas.messages import InferenceResult, QualityEvent, RoutedRequest
 from schemas.settings import Settings
-from streams.classifier import SourceRecord, classify_record, refuse_over_limit
+from streams.classifier import Admitted, SourceRecord, admit, classify_record, refuse_over_limit
 from streams.rules import RuleBook
 
 SETTINGS = Settings()
@@ -99,8 +99,11 @@ def test_oversized_record_is_refused_before_decoding() -> None:
 
 
 def test_over_limit_turns_an_accepted_request_into_inf_429() -> None:
-    accepted = classify(body(tenant="acme", reply_to="laneway.replies.acme"))
-    limited = refuse_over_limit(accepted, 750, age_ms=5, now_ms=NOW, settings=SETTINGS)
+    accepted = admit(
+        record(body(tenant="acme", reply_to="laneway.replies.acme")), now_ms=NOW, settings=SETTINGS
+    )
+    assert isinstance(accepted, Admitted)
+    limited = refuse_over_limit(accepted, 750, now_ms=NOW, settings=SETTINGS)
     assert limited.outcome == "limited"
     reply, results, quality = limited.records
     assert reply.topic == "laneway.replies.acme" and results.topic == "laneway.results"
@@ -109,11 +112,6 @@ def test_over_limit_turns_an_accepted_request_into_inf_429() -> None:
     assert result.error.retry_after_ms == 750 and result.error.retryable
     assert "'acme'" in result.error.message
     assert QualityEvent.model_validate_json(quality.value).error_code == "INF-429"
-
-
-def test_rejected_records_are_not_rate_limited_twice() -> None:
-    rejected = classify(b"garbage")
-    assert refuse_over_limit(rejected, 10, age_ms=0, now_ms=NOW, settings=SETTINGS) is rejected
 
 
 def test_accepted_requests_carry_their_request_for_the_limiter() -> None:

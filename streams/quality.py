@@ -1,0 +1,217 @@
+"""The quality loop (``laneway router``): keeps each path's live record from
+the quality events every terminal result emits, and publishes it for the
+classifiers' smart router.
+
+- ``laneway.quality`` (keyed by path) -> per-path ``PathStats`` in a faust
+  table with a changelog, so a restarted agent resumes from the record;
+- ``laneway.feedback`` (keyed by request id) -> joined to the path that
+  answered that request (remembered in Redis for a day) and re-emitted to
+  ``laneway.quality`` keyed by path, so the table's partition owner folds it in;
+- every ``weights_refresh_s``: the statistics go to Redis (``RouteBoard``)
+  and to metrics, and each lane's p95 latency to the ``LatencyBoard`` that
+  the classifier's flow controller reads.
+
+The agents are thin; the maths is ``streams.router.PathStats``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import faust
+from prometheus_client import Counter, Gauge
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
+from schemas.errors import InvalidRequest
+from schemas.messages import Feedback, Lane, Path, QualityEvent
+from schemas.settings import Settings
+from streams.backlog import LatencyBoard
+from streams.envelopes import Outbound, deliver, dlq_for
+from streams.faust_transport import new_app, raw_topic
+from streams.ops import REDIS_ERRORS, ProcessState
+from streams.registry import load_registry
+from streams.router import PathStats, RouteBoard
+
+__all__ = ["LaneLatency", "build_quality_app", "router_app_id"]
+
+log = logging.getLogger(__name__)
+
+EVENTS = Counter("laneway_quality_events_total", "Quality events folded in", ["kind", "path"])
+FEEDBACK_UNMATCHED = Counter(
+    "laneway_feedback_unmatched_total", "Feedback for a request id with no known answer"
+)
+PATH_LATENCY = Gauge("laneway_path_latency_ms", "EWMA latency per path", ["path"])
+PATH_SUCCESS = Gauge("laneway_path_success_rate", "Windowed success rate per path", ["path"])
+PATH_QUALITY = Gauge("laneway_path_quality", "Feedback quality per path (0..1)", ["path"])
+COST = Counter("laneway_cost_total", "Model cost spent (registry units)", ["path"])
+LANE_P95 = Gauge("laneway_lane_p95_ms", "p95 latency of recent results per lane", ["lane"])
+
+
+def router_app_id(settings: Settings) -> str:
+    return f"{settings.app_id}-router"
+
+
+class LaneLatency:
+    """The most recent result latencies per lane, for their p95."""
+
+    def __init__(self, size: int = 200) -> None:
+        self._samples: dict[Lane, deque[float]] = {lane: deque(maxlen=size) for lane in Lane}
+
+    def add(self, lane: Lane, latency_ms: float) -> None:
+        self._samples[lane].append(latency_ms)
+
+    def p95(self) -> dict[Lane, float]:
+        out = {}
+        for lane, samples in self._samples.items():
+            if samples:
+                ordered = sorted(samples)
+                out[lane] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        return out
+
+
+def fold(stats: PathStats | None, event: QualityEvent, settings: Settings) -> PathStats:
+    """One event folded into a path's record (a fresh record for a new path)."""
+    routing = settings.routing
+    if stats is None:
+        stats = PathStats(latency_ms=event.latency_ms)
+    if event.kind == "feedback" and event.feedback is not None:
+        stats.feedback(event.feedback, weight=routing.feedback_weight)
+    elif event.kind in ("result", "attempt"):
+        stats.observe(event, alpha=routing.ewma_alpha, window=routing.success_window)
+    return stats
+
+
+def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
+    redis = settings.redis.client()
+    board = RouteBoard(redis, settings.redis.key_prefix)
+    latency_board = LatencyBoard(redis, settings.redis.key_prefix)
+    lanes = LaneLatency()
+    registry = load_registry(settings.routing.models_file, settings.backend)
+    app = new_app(settings, router_app_id(settings))
+    quality = raw_topic(app, settings.topic("quality"))
+    feedback = raw_topic(app, settings.topic("feedback"))
+    table = app.Table("path-stats", default=None, partitions=settings.kafka.partitions)
+    answered_key = f"{settings.redis.key_prefix}:answered:"
+
+    async def send(record: Outbound) -> Any:
+        return await app.send(
+            record.topic,
+            key=record.key,
+            value=record.value,
+            headers=list(record.headers),
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+    @app.agent(quality, concurrency=1)
+    async def keep_stats(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            try:
+                quality_event = QualityEvent.model_validate_json(event.value or b"")
+            except ValidationError as exc:
+                error = InvalidRequest(f"not a QualityEvent: {exc.errors()[:3]}")
+                await deliver([dlq_for(event.message, error, settings)], send, settings)
+                continue
+            path = quality_event.path
+            EVENTS.labels(quality_event.kind, str(path or "none")).inc()
+            if quality_event.kind == "result":
+                entry = registry.for_path(path) if path is not None else None
+                tokens = quality_event.prompt_tokens + quality_event.completion_tokens
+                if entry is not None and tokens:
+                    COST.labels(path.value if path else "none").inc(
+                        tokens / 1000 * entry.cost_per_1k_tokens
+                    )
+                if quality_event.lane is not None:
+                    lanes.add(quality_event.lane, quality_event.latency_ms)
+                if path is not None:
+                    await _remember(redis, answered_key + quality_event.id, path)
+            if path is None or quality_event.kind == "drift":
+                continue
+            current = table.get(path.value)
+            stats = PathStats(**current) if current else None
+            table[path.value] = _as_dict(fold(stats, quality_event, settings))
+
+    @app.agent(feedback, concurrency=1)
+    async def join_feedback(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            try:
+                verdict = Feedback.model_validate_json(event.value or b"")
+            except ValidationError as exc:
+                error = InvalidRequest(f"not a Feedback: {exc.errors()[:3]}")
+                await deliver([dlq_for(event.message, error, settings)], send, settings)
+                continue
+            path = await _recall(redis, answered_key + verdict.request_id)
+            if path is None:
+                FEEDBACK_UNMATCHED.inc()
+                log.info("feedback for unknown request %s dropped", verdict.request_id)
+                continue
+            joined = QualityEvent(
+                kind="feedback",
+                id=verdict.request_id,
+                path=path,
+                success=verdict.score >= 0,
+                latency_ms=0.0,
+                feedback=verdict.score,
+                ts_ms=int(time.time() * 1000),
+            )
+            out = Outbound(
+                settings.topic("quality"), path.value.encode(), joined.model_dump_json().encode()
+            )
+            await deliver([out], send, settings)
+
+    @app.timer(settings.routing.weights_refresh_s)
+    async def publish() -> None:
+        snapshot = {}
+        for name, value in list(table.items()):
+            if value:
+                snapshot[Path(name)] = PathStats(**value)
+        for path, stats in snapshot.items():
+            PATH_LATENCY.labels(path.value).set(stats.latency_ms)
+            PATH_SUCCESS.labels(path.value).set(stats.success_rate)
+            PATH_QUALITY.labels(path.value).set(stats.quality)
+        p95 = lanes.p95()
+        for lane, value in p95.items():
+            LANE_P95.labels(lane.value).set(value)
+        try:
+            await board.publish(snapshot)
+            await latency_board.report(p95)
+        except (RedisError, OSError) as exc:
+            REDIS_ERRORS.labels("route").inc()
+            log.warning("route statistics not published: %s", exc)
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def _assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        state.ready = True
+        state.detail = f"keeping path statistics of {len(assigned)} partitions"
+
+    return app
+
+
+def _as_dict(stats: PathStats) -> dict[str, Any]:
+    return dict(json.loads(stats.to_json()))
+
+
+async def _remember(redis: Any, key: str, path: Path) -> None:
+    try:
+        await redis.set(key, path.value, ex=86_400)
+    except (RedisError, OSError) as exc:
+        REDIS_ERRORS.labels("route").inc()
+        log.debug("answer path not kept for feedback: %s", exc)
+
+
+async def _recall(redis: Any, key: str) -> Path | None:
+    try:
+        raw = await redis.get(key)
+    except (RedisError, OSError) as exc:
+        REDIS_ERRORS.labels("route").inc()
+        log.debug("feedback join failed: %s", exc)
+        return None
+    try:
+        return Path(raw.decode()) if raw else None
+    except ValueError:
+        return None

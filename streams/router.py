@@ -1,0 +1,172 @@
+"""The smart router: per request, the eligible model path with the best
+live record of latency, cost and success.
+
+    score = w_lat * latency_norm + w_cost * cost_norm + w_fail * (1 - success_rate)
+
+lowest wins, among the eligible paths whose success rate is at least
+``min_success_rate`` (the weights alone let a cheap path that always
+fails keep its traffic). ``latency_norm`` and ``cost_norm`` divide by the largest value
+among the eligible paths, so the score compares paths on one request, not
+against a fixed scale. ``success_rate`` is the windowed success rate times
+the path's feedback quality. Statistics (``PathStats``) come from the
+quality loop (``streams.quality``) through Redis; a path never measured
+uses its registry figures. A small exploration rate sends a request to
+another eligible path now and then, so a path that recovered wins its
+traffic back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from schemas.messages import Lane, Path, QualityEvent
+from schemas.settings import RoutingSettings
+from streams.features import Complexity
+from streams.registry import ModelEntry, ModelRegistry
+
+__all__ = ["Choice", "PathStats", "RouteBoard", "SmartRouter", "score_paths"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PathStats:
+    """The live record of one model path, kept by the quality loop."""
+
+    latency_ms: float
+    """EWMA of terminal-result latency."""
+    outcomes: list[int] = field(default_factory=list)
+    """1/0 per recent terminal result, newest last, at most ``success_window``."""
+    quality: float = 1.0
+    """EWMA of client feedback mapped to 0..1 (1 = no complaints)."""
+    n: int = 0
+    updated_ms: int = 0
+
+    @property
+    def success_rate(self) -> float:
+        return sum(self.outcomes) / len(self.outcomes) if self.outcomes else 1.0
+
+    def observe(self, event: QualityEvent, *, alpha: float, window: int) -> None:
+        """Fold one terminal result in. Results the path did not cause (a
+        deadline that passed in the queue, a tenant over quota, a shed
+        lane) say nothing about the path and only count in ``n``."""
+        self.n += 1
+        self.updated_ms = event.ts_ms
+        if event.error_code in ("INF-429", "INF-400"):
+            return
+        self.outcomes.append(1 if event.success else 0)
+        del self.outcomes[:-window]
+        if event.success:
+            self.latency_ms = (
+                ewma(self.latency_ms, event.latency_ms, alpha) if self.n > 1 else (event.latency_ms)
+            )
+
+    def feedback(self, score: float, *, weight: float) -> None:
+        """A client's -1..1 verdict moves quality towards (score+1)/2."""
+        self.quality = ewma(self.quality, (score + 1) / 2, weight)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> PathStats:
+        data = json.loads(raw)
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def ewma(previous: float, sample: float, alpha: float) -> float:
+    return alpha * sample + (1 - alpha) * previous
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    path: Path
+    model: str
+    scores: dict[str, float]
+    explored: bool = False
+
+
+def score_paths(
+    candidates: Sequence[ModelEntry],
+    stats: Mapping[Path, PathStats],
+    routing: RoutingSettings,
+) -> dict[Path, float]:
+    """Each candidate's score (lower is better)."""
+    views = []
+    for entry in candidates:
+        live = stats.get(entry.model_path)
+        latency = live.latency_ms if live and live.outcomes else entry.expected_latency_ms
+        success = (live.success_rate * live.quality) if live else 1.0
+        views.append((entry.model_path, latency, entry.cost_per_1k_tokens, success))
+    top_latency = max(v[1] for v in views) or 1.0
+    top_cost = max(v[2] for v in views) or 1.0
+    return {
+        path: routing.w_lat * (latency / top_latency)
+        + routing.w_cost * (cost / top_cost)
+        + routing.w_fail * (1.0 - success)
+        for path, latency, cost, success in views
+    }
+
+
+class SmartRouter:
+    def __init__(
+        self, registry: ModelRegistry, routing: RoutingSettings, rng: random.Random | None = None
+    ) -> None:
+        self.registry = registry
+        self.routing = routing
+        self._rng = rng or random.Random()
+
+    def choose(self, complexity: Complexity, lane: Lane, stats: Mapping[Path, PathStats]) -> Choice:
+        candidates = self.registry.eligible(complexity, lane)
+        scores = score_paths(candidates, stats, self.routing)
+        healthy = [m for m in candidates if self._healthy(stats.get(m.model_path))]
+        best = min(healthy or candidates, key=lambda m: (scores[m.model_path], -m.capability))
+        others = [m for m in candidates if m is not best]
+        explored = bool(others) and self._rng.random() < self.routing.exploration
+        if explored:
+            best = self._rng.choice(others)
+        return Choice(
+            best.model_path, best.name, {p.value: round(s, 4) for p, s in scores.items()}, explored
+        )
+
+
+    def _healthy(self, stats: PathStats | None) -> bool:
+        return stats is None or stats.success_rate >= self.routing.min_success_rate
+
+
+class RouteBoard:
+    """Route statistics shared through Redis: the quality agent publishes
+    them, every classifier re-reads them each ``weights_refresh_s``."""
+
+    def __init__(self, redis: object, key_prefix: str) -> None:
+        self._redis = redis
+        self.key = f"{key_prefix}:route:stats"
+        self.snapshot: dict[Path, PathStats] = {}
+        self.read_at = 0.0
+
+    async def publish(self, stats: Mapping[Path, PathStats]) -> None:
+        if stats:
+            mapping = {path.value: s.to_json() for path, s in stats.items()}
+            await self._redis.hset(self.key, mapping=mapping)  # type: ignore[attr-defined]
+
+    async def refresh(self) -> dict[Path, PathStats]:
+        """Re-read the statistics; on a Redis error keep the last snapshot."""
+        try:
+            raw = await self._redis.hgetall(self.key)  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.warning("route statistics not refreshed: %s", exc)
+            return self.snapshot
+        snapshot = {}
+        for name, value in raw.items():
+            try:
+                snapshot[Path(name.decode())] = PathStats.from_json(value)
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("route statistics for %r unreadable: %s", name, exc)
+        self.snapshot = snapshot
+        self.read_at = time.monotonic()
+        return snapshot

@@ -1,0 +1,156 @@
+"""The quality loop closes: a light backend that fails loses its traffic
+within a bounded number of requests, and wins it back once it recovers.
+
+The light path is an OpenAI-compatible ``llama_cpp.server`` this test
+starts and stops; the heavy path is Gemma in llama.cpp. Cache off, so every
+request reaches the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from schemas.messages import InferenceResult, Lane, Path
+from schemas.settings import Settings
+from streams.client import LanewayClient
+from streams.embedded import free_port
+from streams.router import RouteBoard
+from streams.supervisor import Stack
+
+from .servers import llama_cpp_server
+
+PROMPTS = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city.", "Name a tree."]
+
+
+class LightServer:
+    """The light backend's server, stoppable and restartable on one port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        started, self._stop = threading.Event(), threading.Event()
+        stop = self._stop
+
+        def serve() -> None:
+            with llama_cpp_server(self.port):
+                started.set()
+                stop.wait()
+
+        self._thread = threading.Thread(target=serve, daemon=True)
+        self._thread.start()
+        assert started.wait(90), "llama_cpp.server did not start"
+
+    def stop(self) -> None:
+        if self._stop is not None and self._thread is not None:
+            self._stop.set()
+            self._thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def light() -> Iterator[LightServer]:
+    server = LightServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def weighted(light: LightServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """A stack with only the realtime worker; yields the children's settings."""
+    prefix = f"weights-{uuid.uuid4().hex[:8]}"
+    env = {
+        "LANEWAY_APP_ID": prefix,
+        "LANEWAY_REDIS_KEY_PREFIX": prefix,
+        "LANEWAY_BACKEND_LIGHT": "openai",
+        "LANEWAY_BACKEND_LIGHT_MODEL": "smollm2",
+        "LANEWAY_BACKEND_OPENAI_BASE_URL": light.url,
+        "LANEWAY_BACKEND_OPENAI_TIMEOUT_S": "5",
+        "LANEWAY_BACKEND_BREAKER_COOLDOWN_S": "2",
+        "LANEWAY_CACHE_ENABLED": "false",
+        "LANEWAY_ROUTING_EXPLORATION": "0.15",
+        "LANEWAY_ROUTING_SUCCESS_WINDOW": "10",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        settings = Settings()
+    log_dir = tmp_path_factory.mktemp("weights")
+    with open(log_dir / "stack.log", "w") as out:
+        stack = Stack(
+            settings,
+            use_external_redis="LANEWAY_REDIS_URL" in os.environ,
+            http_port_base=None,
+            lanes=(Lane.REALTIME,),
+            out=out,
+            log_dir=log_dir,
+            child_env=env,
+        )
+        try:
+            stack.start(ready_timeout_s=240)
+            running = stack.settings
+            yield settings.model_copy(
+                update={
+                    "kafka": running.kafka,
+                    "redis": settings.redis.model_copy(update={"url": running.redis.url}),
+                }
+            )
+        finally:
+            stack.stop()
+            print(f"\nstack log: {log_dir / 'stack.log'}")
+
+
+async def ask_many(client: LanewayClient, n: int) -> list[InferenceResult]:
+    results = []
+    for i in range(n):
+        result = await client.ask(PROMPTS[i % len(PROMPTS)], max_tokens=4, timeout_s=120)
+        assert result.status == "ok", result  # a fallback always answers
+        results.append(result)
+        await asyncio.sleep(0.3)  # give the quality loop its turn, as real traffic would
+    return results
+
+
+def chosen(results: list[InferenceResult]) -> list[str]:
+    """The path the router chose for each (a degraded answer names it)."""
+    return [str(r.requested_path or r.path) for r in results]
+
+
+async def test_a_failing_path_loses_its_traffic_and_wins_it_back(
+    weighted: Settings, light: LightServer
+) -> None:
+    settings = weighted
+    board = RouteBoard(settings.redis.client(), settings.redis.key_prefix)
+    async with LanewayClient(settings.kafka, client_id="weights") as client:
+        healthy = await ask_many(client, 6)
+        assert chosen(healthy).count("light") >= 4
+
+        light.stop()
+        failing = await ask_many(client, 20)
+        # Within 20 requests the router stops choosing light (but for exploration).
+        assert chosen(failing[-6:]).count("light") <= 3, chosen(failing)
+        stats = await board.refresh()
+        assert stats[Path.LIGHT].success_rate < settings.routing.min_success_rate
+
+        light.start()
+        # Exploration keeps sampling light; each success heals its record.
+        for _ in range(12):  # bounded: at most 120 requests
+            await ask_many(client, 10)
+            stats = await board.refresh()
+            if stats[Path.LIGHT].success_rate >= settings.routing.min_success_rate:
+                break
+        assert stats[Path.LIGHT].success_rate >= settings.routing.min_success_rate, stats
+        # Healthy again, light wins on the score (all but ~15% exploration).
+        back = chosen(await ask_many(client, 10))
+        assert back.count("light") >= 6, back

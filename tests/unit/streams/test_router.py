@@ -1,0 +1,135 @@
+import random
+from pathlib import Path as FsPath
+
+import pytest
+
+from schemas.messages import Lane, Path, QualityEvent
+from schemas.settings import BackendSettings, RoutingSettings, Settings
+from streams.features import Complexity
+from streams.quality import LaneLatency, fold
+from streams.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
+from streams.router import PathStats, SmartRouter, ewma, score_paths
+
+REGISTRY = builtin_registry(BackendSettings())
+SETTINGS = Settings()
+
+
+def event(path: Path, ok: bool, latency_ms: float = 500.0, **kw: object) -> QualityEvent:
+    return QualityEvent.model_validate(
+        {
+            "id": "r",
+            "path": path,
+            "lane": "realtime",
+            "success": ok,
+            "error_code": None if ok else "INF-502",
+            "latency_ms": latency_ms,
+            "ts_ms": 1,
+            **kw,
+        }
+    )
+
+
+def test_ewma() -> None:
+    assert ewma(100.0, 200.0, 0.2) == pytest.approx(120.0)
+    value = 100.0
+    for _ in range(50):
+        value = ewma(value, 200.0, 0.2)
+    assert value == pytest.approx(200.0, abs=0.01)
+
+
+def test_stats_fold_latency_and_window() -> None:
+    stats = None
+    for latency in (100.0, 300.0):
+        stats = fold(stats, event(Path.LIGHT, True, latency), SETTINGS)
+    assert stats is not None
+    assert stats.latency_ms == pytest.approx(ewma(100.0, 300.0, SETTINGS.routing.ewma_alpha))
+    for _ in range(SETTINGS.routing.success_window):
+        fold(stats, event(Path.LIGHT, False), SETTINGS)
+    assert stats.success_rate == 0.0 and len(stats.outcomes) == SETTINGS.routing.success_window
+
+
+def test_client_errors_say_nothing_about_a_path() -> None:
+    stats = fold(None, event(Path.LIGHT, True), SETTINGS)
+    fold(stats, event(Path.LIGHT, False, error_code="INF-429"), SETTINGS)
+    assert stats.success_rate == 1.0 and stats.n == 2
+
+
+def test_feedback_lowers_quality() -> None:
+    stats = fold(None, event(Path.LIGHT, True), SETTINGS)
+    fold(stats, event(Path.LIGHT, False, kind="feedback", feedback=-1.0), SETTINGS)
+    assert stats.quality == pytest.approx(1 - SETTINGS.routing.feedback_weight)
+    assert stats.success_rate == 1.0  # feedback is not an outcome
+
+
+def test_stats_json_round_trip() -> None:
+    stats = PathStats(latency_ms=12.5, outcomes=[1, 0, 1], quality=0.7, n=3, updated_ms=9)
+    assert PathStats.from_json(stats.to_json()) == stats
+
+
+def test_score_formula() -> None:
+    routing = RoutingSettings(w_lat=0.4, w_cost=0.3, w_fail=0.3)
+    stats = {
+        Path.LIGHT: PathStats(latency_ms=500.0, outcomes=[1, 1, 0, 0]),
+        Path.HEAVY: PathStats(latency_ms=1000.0, outcomes=[1, 1, 1, 1]),
+    }
+    scores = score_paths(REGISTRY.models, stats, routing)
+    # light: 0.4*0.5 + 0.3*0.2 + 0.3*0.5; heavy: 0.4*1 + 0.3*1 + 0
+    assert scores[Path.LIGHT] == pytest.approx(0.2 + 0.06 + 0.15)
+    assert scores[Path.HEAVY] == pytest.approx(0.7)
+
+
+def test_only_capable_models_are_eligible() -> None:
+    router = SmartRouter(REGISTRY, RoutingSettings(exploration=0.0))
+    assert router.choose(Complexity.COMPLEX, Lane.MEDIUM, {}).path is Path.HEAVY
+    assert router.choose(Complexity.MODERATE, Lane.MEDIUM, {}).path is Path.HEAVY
+    assert router.choose(Complexity.SIMPLE, Lane.REALTIME, {}).path is Path.LIGHT
+
+
+def test_a_failing_path_loses_traffic_and_wins_it_back_through_exploration() -> None:
+    routing = RoutingSettings(exploration=0.1)
+    router = SmartRouter(REGISTRY, routing, random.Random(7))
+    stats: dict[Path, PathStats] = {}
+
+    def serve(n: int, light_ok: bool) -> int:
+        """Route n simple requests, feeding each outcome back; light's share."""
+        on_light = 0
+        for _ in range(n):
+            choice = router.choose(Complexity.SIMPLE, Lane.REALTIME, stats)
+            ok = light_ok if choice.path is Path.LIGHT else True
+            latency = 400.0 if choice.path is Path.LIGHT else 1500.0
+            stats[choice.path] = fold(
+                stats.get(choice.path), event(choice.path, ok, latency), SETTINGS
+            )
+            on_light += choice.path is Path.LIGHT
+        return on_light
+
+    assert serve(200, light_ok=True) > 160  # healthy: light is cheaper and faster
+    assert serve(200, light_ok=False) < 60  # failing: traffic moves to heavy
+    assert stats[Path.LIGHT].success_rate < 0.5
+    # Recovered: exploration keeps sampling light, its record heals, it wins again.
+    serve(400, light_ok=True)
+    assert serve(200, light_ok=True) > 160
+
+
+def test_registry_file(tmp_path: FsPath) -> None:
+    path = tmp_path / "models.yaml"
+    path.write_text(
+        "models:\n"
+        "  - {name: tiny, backend: llamacpp, path: light, max_complexity: simple,"
+        " cost_per_1k_tokens: 0.1, lanes: [realtime]}\n"
+        "  - {name: big, version: '2', backend: vllm, path: heavy, cost_per_1k_tokens: 2.0}\n"
+    )
+    registry = load_registry(path, BackendSettings())
+    assert isinstance(registry, ModelRegistry)
+    assert [m.name for m in registry.eligible(Complexity.SIMPLE, Lane.BULK)] == ["big"]
+    assert {m.name for m in registry.eligible(Complexity.SIMPLE, Lane.REALTIME)} == {"tiny", "big"}
+    path.write_text("models:\n  - {name: x, backend: nope, path: light}\n")
+    with pytest.raises(RegistryError, match=r"models\.yaml"):
+        load_registry(path, BackendSettings())
+
+
+def test_lane_p95() -> None:
+    lanes = LaneLatency(size=100)
+    for i in range(1, 101):
+        lanes.add(Lane.REALTIME, float(i))
+    assert lanes.p95() == {Lane.REALTIME: 96.0}

@@ -1,0 +1,65 @@
+"""What a lane worker remembers of each answer once it is acknowledged:
+the response cache entry and the session's new turn. Both stores are
+idempotent (cache keys are the normalised request, session turns carry
+the request id), so a redelivered batch writes nothing twice; both fail
+open, so a missing Redis costs answers nothing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from schemas.messages import InferenceResult, Path, QualityEvent, RoutedRequest
+from schemas.settings import Settings
+from streams.cache import ResponseCache
+from streams.envelopes import Outbound
+from streams.sessions import SessionStore, context_digest
+from workers.execution import Finished
+
+__all__ = ["Remember", "attempt_events"]
+
+
+class Remember:
+    """The ``on_answered`` hook of a lane worker."""
+
+    def __init__(self, cache: ResponseCache | None, sessions: SessionStore | None) -> None:
+        self.cache = cache
+        self.sessions = sessions
+
+    async def __call__(self, answers: Sequence[tuple[RoutedRequest, InferenceResult]]) -> None:
+        for routed, result in answers:
+            if result.status != "ok" or not result.output:
+                continue
+            request = routed.request
+            if self.cache is not None:
+                context = context_digest(routed.history) if routed.history else ""
+                await self.cache.store(request, result, context)
+            if self.sessions is not None and request.session_id:
+                await self.sessions.append(
+                    request.session_id, request.id, request.user_text(), result.output
+                )
+
+
+def attempt_events(finished: Finished, settings: Settings) -> list[Outbound]:
+    """A quality event per path that failed this request before another
+    served it (or before it failed for good): the router must learn of a
+    failing path even when the fallback hides it from the client."""
+    result = finished.result
+    now_ms = int(time.time() * 1000)
+    out = []
+    for path, error in finished.failed:
+        event = QualityEvent(
+            kind="attempt",
+            id=result.id,
+            tenant=finished.routed.request.tenant,
+            lane=result.lane,
+            path=Path(path),
+            success=False,
+            error_code=error.code,
+            latency_ms=result.timings.total_ms,
+            ts_ms=now_ms,
+        )
+        out.append(
+            Outbound(settings.topic("quality"), path.encode(), event.model_dump_json().encode())
+        )
+    return out
