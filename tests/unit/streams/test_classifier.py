@@ -120,3 +120,36 @@ def test_accepted_requests_carry_their_request_for_the_limiter() -> None:
         assert accepted.outcome in ("answered", "routed")
         assert accepted.request is not None and accepted.request.tenant == "acme"
         assert accepted.reply_to == "laneway.replies"
+
+
+def test_a_cache_hit_is_answered_by_the_classifier() -> None:
+    from schemas.messages import ChatMessage, Path
+    from streams.cache import CacheHit
+    from streams.classifier import route
+    from streams.policy import Found
+    from streams.registry import builtin_registry
+    from streams.router import SmartRouter
+
+    admitted = admit(record(body()), now_ms=NOW, settings=SETTINGS)
+    assert isinstance(admitted, Admitted)
+    router = SmartRouter(builtin_registry(SETTINGS.backend), SETTINGS.routing)
+    hit = CacheHit("Paris.", "semantic", 0.97, "llamacpp:smollm2-135m", Path.LIGHT, "k")
+    out = route(admitted, Found(hit=hit), now_ms=NOW, settings=SETTINGS, router=router)
+    assert out.outcome == "answered" and out.result is not None
+    assert out.result.path == "cache" and out.result.output == "Paris."
+    assert out.result.model == "cache:semantic:llamacpp:smollm2-135m"
+    event = QualityEvent.model_validate_json(out.records[2].value)
+    assert event.cache_hit and event.success
+
+    history = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content="yo")]
+    routed_out = route(
+        admitted,
+        Found(history_turns=2),
+        now_ms=NOW,
+        settings=SETTINGS,
+        router=router,
+        history=history,
+    )
+    assert routed_out.outcome == "routed"
+    routed = RoutedRequest.model_validate_json(routed_out.records[0].value)
+    assert routed.history == history

@@ -245,3 +245,51 @@ async def test_flow_control_moves_are_reported_as_degraded() -> None:
     (done,) = await executor.execute([moved])
     assert done.result.status == "ok" and done.result.path == "rules"
     assert done.result.degraded and done.result.requested_path == "heavy"
+
+
+async def test_paths_that_failed_before_a_fallback_are_reported_for_the_quality_loop() -> None:
+    from schemas.messages import QualityEvent
+    from schemas.settings import Settings
+    from workers.answered import attempt_events
+
+    heavy = Exploding(RuntimeError("connection refused"))
+    executor = Executor(Lane.MEDIUM, {Path.HEAVY: slot_of(heavy), Path.LIGHT: rules_slot()})
+    (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+    assert done.result.path == "light"
+    assert [(path, error.code) for path, error in done.failed] == [(Path.HEAVY, "INF-502")]
+    (out,) = attempt_events(done, Settings())
+    event = QualityEvent.model_validate_json(out.value)
+    assert out.topic == "laneway.quality" and out.key == b"heavy"
+    assert (event.kind, event.path, event.success, event.error_code) == (
+        "attempt",
+        Path.HEAVY,
+        False,
+        "INF-502",
+    )
+    # A request no path could serve counts once, against its own path.
+    alone = Executor(Lane.MEDIUM, {Path.HEAVY: slot_of(Exploding(RuntimeError("down")))})
+    (failed,) = await alone.execute([routed("q", Path.HEAVY)])
+    assert failed.result.status == "error" and failed.failed == ()
+
+
+async def test_session_history_goes_before_the_request() -> None:
+    from schemas.messages import ChatMessage
+
+    seen = Exploding(RuntimeError("x"))
+    executor = Executor(Lane.REALTIME, {Path.LIGHT: slot_of(seen)}, system_prompt="Be brief.")
+    item = routed("and mine?", Path.LIGHT).model_copy(
+        update={
+            "history": [
+                ChatMessage(role="user", content="my name is Ada"),
+                ChatMessage(role="assistant", content="Hello Ada"),
+            ]
+        }
+    )
+    await executor.execute([item])
+    (given,) = seen.seen
+    assert [(m.role, m.content) for m in given.messages] == [
+        ("system", "Be brief."),
+        ("user", "my name is Ada"),
+        ("assistant", "Hello Ada"),
+        ("user", "and mine?"),
+    ]
