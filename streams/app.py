@@ -29,7 +29,7 @@ from streams.classifier import Admitted, Classified, SourceRecord, admit, refuse
 from streams.drift import DriftMonitor
 from streams.embedding import MiniLMEmbedder
 from streams.envelopes import Outbound, deliver, dlq_for
-from streams.faust_transport import new_app, raw_topic
+from streams.faust_transport import new_app, raw_sender, raw_topic
 from streams.flow import FlowController
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.policy import Found
@@ -99,15 +99,7 @@ def build_app(
     app = new_app(settings, settings.app_id)
     requests = raw_topic(app, settings.topic("requests"))
 
-    async def send(record: Outbound) -> Any:
-        return await app.send(
-            record.topic,
-            key=record.key,
-            value=record.value,
-            headers=list(record.headers),
-            key_serializer="raw",
-            value_serializer="raw",
-        )
+    send = raw_sender(app)
 
     async def classify_one(record: SourceRecord) -> Classified:
         now_ms = int(time.time() * 1000)

@@ -9,14 +9,16 @@ kept; only the wait is set before the consumer starts.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from schemas.settings import Settings
+from streams.envelopes import Outbound
 
-__all__ = ["LanewayApp", "new_app"]
+__all__ = ["LanewayApp", "new_app", "raw_sender", "raw_topic"]
 
 
 def _transport_class(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
@@ -91,3 +93,20 @@ def raw_topic(app: faust.App, name: str) -> Any:
     return app.topic(
         name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
     )
+
+
+def raw_sender(app: faust.App) -> Callable[[Outbound], Awaitable[Any]]:
+    """``send`` for ``streams.envelopes.deliver``: produce an ``Outbound``
+    as raw bytes; the returned awaitable resolves on the broker's ack."""
+
+    async def send(record: Outbound) -> Any:
+        return await app.send(
+            record.topic,
+            key=record.key,
+            value=record.value,
+            headers=list(record.headers),
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+    return send

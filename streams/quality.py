@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
 from prometheus_client import Counter, Gauge
@@ -32,7 +32,7 @@ from schemas.messages import Feedback, Lane, Path, QualityEvent
 from schemas.settings import Settings
 from streams.backlog import LatencyBoard
 from streams.envelopes import Outbound, deliver, dlq_for
-from streams.faust_transport import new_app, raw_topic
+from streams.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
 from streams.registry import load_registry
 from streams.router import PathStats, RouteBoard
@@ -40,6 +40,8 @@ from streams.router import PathStats, RouteBoard
 __all__ = ["LaneLatency", "build_quality_app", "router_app_id"]
 
 log = logging.getLogger(__name__)
+
+Wire = TypeVar("Wire", QualityEvent, Feedback)
 
 EVENTS = Counter("laneway_quality_events_total", "Quality events folded in", ["kind", "path"])
 FEEDBACK_UNMATCHED = Counter(
@@ -98,24 +100,22 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
     table = app.Table("path-stats", default=None, partitions=settings.kafka.partitions)
     answered_key = f"{settings.redis.key_prefix}:answered:"
 
-    async def send(record: Outbound) -> Any:
-        return await app.send(
-            record.topic,
-            key=record.key,
-            value=record.value,
-            headers=list(record.headers),
-            key_serializer="raw",
-            value_serializer="raw",
-        )
+    send = raw_sender(app)
+
+    async def decode(event: Any, model: type[Wire]) -> Wire | None:
+        """The event's value as ``model``; else it goes to the DLQ."""
+        try:
+            return model.model_validate_json(event.value or b"")
+        except ValidationError as exc:
+            error = InvalidRequest(f"not a {model.__name__}: {exc.errors()[:3]}")
+            await deliver([dlq_for(event.message, error, settings)], send, settings)
+            return None
 
     @app.agent(quality, concurrency=1)
     async def keep_stats(stream: faust.StreamT) -> None:
         async for event in stream.events():
-            try:
-                quality_event = QualityEvent.model_validate_json(event.value or b"")
-            except ValidationError as exc:
-                error = InvalidRequest(f"not a QualityEvent: {exc.errors()[:3]}")
-                await deliver([dlq_for(event.message, error, settings)], send, settings)
+            quality_event = await decode(event, QualityEvent)
+            if quality_event is None:
                 continue
             path = quality_event.path
             EVENTS.labels(quality_event.kind, str(path or "none")).inc()
@@ -139,11 +139,8 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
     @app.agent(feedback, concurrency=1)
     async def join_feedback(stream: faust.StreamT) -> None:
         async for event in stream.events():
-            try:
-                verdict = Feedback.model_validate_json(event.value or b"")
-            except ValidationError as exc:
-                error = InvalidRequest(f"not a Feedback: {exc.errors()[:3]}")
-                await deliver([dlq_for(event.message, error, settings)], send, settings)
+            verdict = await decode(event, Feedback)
+            if verdict is None:
                 continue
             path = await _recall(redis, answered_key + verdict.request_id)
             if path is None:

@@ -31,6 +31,9 @@ CHILD_ENV = {
     "LANEWAY_REDIS_KEY_PREFIX": f"test-{uuid.uuid4().hex[:8]}",
     # Quick recovery so the flow-control test leaves the stack at level 0.
     "LANEWAY_FLOW_HOLD_S": "1",
+    # Tests assert on the path the router picks: no random exploration here
+    # (tests/integration/test_route_weights.py has its own stack with it).
+    "LANEWAY_ROUTING_EXPLORATION": "0",
 }
 
 

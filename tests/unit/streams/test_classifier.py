@@ -1,11 +1,11 @@
 import json
 
 from schemas.messages import InferenceResult, QualityEvent, RoutedRequest
-from schemas.settings import Settings
+from schemas.settings import RoutingSettings, Settings
 from streams.classifier import Admitted, SourceRecord, admit, classify_record, refuse_over_limit
 from streams.rules import RuleBook
 
-SETTINGS = Settings()
+SETTINGS = Settings(routing=RoutingSettings(exploration=0.0))  # no random exploration
 NOW = 1_700_000_000_000
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
-from schemas.settings import Settings
+from schemas.settings import RoutingSettings, Settings
 from streams.classifier import SourceRecord, classify_record
 from streams.features import Complexity
 from streams.flow import FlowController, Shed, apply_level
@@ -80,7 +80,7 @@ def test_level_two_sheds_bulk_and_level_three_keeps_realtime_light() -> None:
 
 
 def test_classifier_sheds_and_degrades_by_level() -> None:
-    settings = Settings()
+    settings = Settings(routing=RoutingSettings(exploration=0.0))
     now = 1_700_000_000_000
 
     def classify(body: dict[str, object], level: int):  # type: ignore[no-untyped-def]
