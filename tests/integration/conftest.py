@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +20,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.settings import Settings
 from streams.client import LanewayClient
+from streams.rulefile import EXAMPLE_RULES_FILE
 from streams.supervisor import Stack
+
+# The stack's rule file: the shipped example, copied so a test can edit it
+# (hot reload). Written by the ``stack`` fixture before the stack starts.
+RULES_FILE = Path(tempfile.gettempdir()) / f"laneway-rules-{uuid.uuid4().hex[:8]}.yaml"
 
 # Test-sized lanes: bulk batches of 4, so a test can kill a worker between batches.
 CHILD_ENV = {
@@ -34,12 +41,14 @@ CHILD_ENV = {
     # Tests assert on the path the router picks: no random exploration here
     # (tests/integration/test_route_weights.py has its own stack with it).
     "LANEWAY_ROUTING_EXPLORATION": "0",
+    "LANEWAY_RULES_FILE": str(RULES_FILE),
 }
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("stack")
+    shutil.copyfile(EXAMPLE_RULES_FILE, RULES_FILE)
     settings = Settings()
     with open(log_dir / "stack.log", "w") as out:
         stack = Stack(
@@ -62,6 +71,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         finally:
             stop.set()
             stack.stop()
+            RULES_FILE.unlink(missing_ok=True)
             print(f"\nstack log: {log_dir / 'stack.log'}")
 
 
