@@ -53,7 +53,12 @@ class Lookups:
         self.rules = rules
         self.limiter = RateLimiter(redis, settings.ratelimit, settings.redis.key_prefix)
         self.sessions = SessionStore(redis, settings.session, key_prefix=settings.redis.key_prefix)
-        embedder = MiniLMEmbedder() if settings.cache.semantic else None
+        self.semantic = (
+            settings.cache.enabled
+            and settings.cache.semantic
+            and settings.routing.force_path is None  # a single-path deployment reads no cache
+        )
+        embedder = MiniLMEmbedder() if self.semantic else None
         self.cache = ResponseCache(
             redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=embedder
         )
@@ -185,7 +190,7 @@ def build_app(
 
     @app.timer(settings.cache.sync_interval_s)
     async def sync_cache() -> None:
-        if settings.cache.enabled and settings.cache.semantic:
+        if lookups.semantic:
             await lookups.cache.sync()
 
     @app.timer(settings.drift.interval_s)
@@ -207,18 +212,27 @@ def build_app(
             out = Outbound(settings.topic("quality"), b"drift", event.model_dump_json().encode())
             await deliver([out], send, settings)
 
+    warm = {"assigned": False, "loaded": False}
+
+    def _ready() -> None:
+        """Ready once partitions are assigned and the embedder is loaded."""
+        state.ready = warm["assigned"] and warm["loaded"]
+
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def _assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
-        state.ready = True
+        warm["assigned"] = True
         state.detail = f"classifying {len(assigned)} partitions"
+        _ready()
 
     @app.task
     async def _warm() -> None:
         """Load the embedder and the route statistics before the first
         request needs them, so its latency is not a model load."""
         await routes.refresh()
-        if settings.cache.enabled and settings.cache.semantic:
+        if lookups.semantic:
             await lookups.cache.sync()
+        warm["loaded"] = True
+        _ready()
 
     return app
 

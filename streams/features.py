@@ -34,7 +34,7 @@ _CODE = re.compile(
     re.MULTILINE,
 )
 _MATH = re.compile(
-    r"\d\s*[-+*/^×÷]\s*\d|[=<>≤≥]\s*-?\d|\b(integral|derivative|equation|solve for|"
+    r"\d\s*[-+*/^\u00d7\u00f7]\s*\d|[=<>≤≥]\s*-?\d|\b(integral|derivative|equation|solve for|"
     r"square root|probability|percent of|how many|calculate)\b|[∑∫√π]",
     re.IGNORECASE,
 )

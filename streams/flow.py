@@ -65,7 +65,7 @@ def apply_level(decision: Decision, level: int, retry_after_ms: int) -> Decision
     here keeps the chosen one in ``requested_path`` (the answer says degraded)."""
     if level >= 2 and decision.lane is Lane.BULK:
         return Shed(f"bulk intake paused (load level {level})", retry_after_ms)
-    if decision.path is not Path.HEAVY:
+    if decision.path is not Path.HEAVY or decision.forced:
         return decision
     everything = level >= 3 and decision.lane is Lane.REALTIME
     if everything or (level >= 1 and decision.complexity < Complexity.COMPLEX):

@@ -53,6 +53,8 @@ class Decision:
     explored: bool = False
     requested_path: Path | None = None
     """Set when flow control moved the request off the path the router chose."""
+    forced: bool = False
+    """``force_path`` chose the path: flow control may shed, never move it."""
 
 
 def decide(
@@ -69,7 +71,8 @@ def decide(
     lane = lane_for(request, features, complexity, routing)
     if routing.force_path is not None:
         path = Path(routing.force_path)
-        return Decision(lane, path, complexity, features, model=_model_of(router, path))
+        model = _model_of(router, path)
+        return Decision(lane, path, complexity, features, model=model, forced=True)
     answered_lane = request.lane or Lane.REALTIME  # answered at once, in the classifier
     if found.hit is not None:
         return Decision(answered_lane, Path.CACHE, complexity, features, hit=found.hit)

@@ -97,3 +97,9 @@ def test_classifier_sheds_and_degrades_by_level() -> None:
     routed = RoutedRequest.model_validate_json(medium.records[0].value)
     assert routed.path == "light" and routed.requested_path == "heavy"
     assert classify({"id": "m", "prompt": "Tell me about " + "Paris " * 40}, 0).outcome == "routed"
+
+
+def test_a_forced_path_is_never_moved_but_bulk_is_still_shed() -> None:
+    forced = Decision(Lane.MEDIUM, Path.HEAVY, Complexity.SIMPLE, forced=True)
+    assert apply_level(forced, 3, 1) == forced
+    assert isinstance(apply_level(Decision(Lane.BULK, Path.HEAVY, forced=True), 2, 1), Shed)
