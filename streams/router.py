@@ -134,7 +134,6 @@ class SmartRouter:
             best.model_path, best.name, {p.value: round(s, 4) for p, s in scores.items()}, explored
         )
 
-
     def _healthy(self, stats: PathStats | None) -> bool:
         return stats is None or stats.success_rate >= self.routing.min_success_rate
 
