@@ -8,35 +8,69 @@ client SDK drops the duplicate replies. Results are also kept in Redis by
 lane record (``workers.result_store``), so a batch redelivered after its
 results went out is answered again without running the models. faust is not used here because it
 acks a ``take()`` batch even when the batch raised.
+
+A request no backend could serve (INF-502) is parked on the lane's retry
+topic while it has attempts and deadline left, and put back on the lane by
+the ``RetryRelay`` that runs beside the worker when its backoff has passed
+(``workers.retry``): the worker never sleeps on a failed request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from prometheus_client import Counter
 from pydantic import ValidationError
 
 from schemas.errors import BackendUnavailable, InvalidRequest
-from schemas.messages import InferenceResult, Lane, RoutedRequest
+from schemas.messages import ErrorInfo, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.backlog import BacklogBoard
+from streams.cache import ResponseCache
 from streams.envelopes import Outbound, deliver, dlq_for, terminal_records
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
+from streams.sessions import SessionStore
+from workers.answered import Remember, attempt_events
 from workers.batcher import collect_batch
 from workers.execution import Executor, backend_slots
 from workers.result_store import RecordKey, ResultStore
+from workers.retry import (
+    ATTEMPT_HEADER,
+    Exhausted,
+    Park,
+    RetryRelay,
+    is_retryable,
+    plan_retry,
+    read_mark,
+    retry_record,
+)
 
 __all__ = ["LaneWorker", "serve_lane"]
 
 log = logging.getLogger(__name__)
+
+AnsweredHook = Callable[[Sequence[tuple[RoutedRequest, InferenceResult]]], Awaitable[None]]
+"""Called with a batch's fresh answers once they are acknowledged (cache
+store, session history). It must not raise and must be idempotent: a
+redelivered batch calls it again."""
+
+Answer = tuple[RecordKey, RoutedRequest, InferenceResult]
+
+RETRIES = Counter(
+    "laneway_retries_total",
+    "Requests no backend could serve: parked for another attempt, or given up",
+    ["lane", "outcome"],
+)
 
 REPLAYED = Counter(
     "laneway_results_replayed_total",
@@ -54,6 +88,7 @@ class LaneWorker:
         executor: Executor | None = None,
         store: ResultStore | None = None,
         board: BacklogBoard | None = None,
+        on_answered: AnsweredHook | None = None,
     ) -> None:
         self.settings = settings
         self.lane = lane
@@ -64,10 +99,15 @@ class LaneWorker:
         )
         self.store = store
         self.board = board
+        self.on_answered = on_answered
         self._worker_id = uuid.uuid4().hex[:8]
         self._reported_at = 0.0
         self._next_offset: dict[TopicPartition, int] = {}
         """Per partition, the offset after the last record handed to this worker."""
+        self._committed: dict[TopicPartition, int] = {}
+        """Per partition, where this worker's group stands: read once per
+        assignment, then kept by this worker's own commits."""
+        self.relay: RetryRelay | None = None
         self.topic = settings.lane_topic(lane)
         self._stopping = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
@@ -82,7 +122,6 @@ class LaneWorker:
             **options,
         )
         self._consumer = AIOKafkaConsumer(
-            self.topic,
             group_id=f"{self.settings.app_id}.worker.{self.lane}",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -90,8 +129,11 @@ class LaneWorker:
             fetch_max_wait_ms=self.settings.kafka.fetch_max_wait_ms,
             **options,
         )
+        self._consumer.subscribe([self.topic], listener=_ForgetOnRebalance(self))
         await self._producer.start()
         await self._consumer.start()
+        self.relay = RetryRelay(self.settings, self.lane, self._producer)
+        await self.relay.start()
         await self._warm_up()
         self.state.ready = True
         self.state.detail = f"{self.lane} worker consuming {self.topic}"
@@ -111,18 +153,34 @@ class LaneWorker:
         self._stopping.set()
 
     async def run(self) -> None:
-        assert self._consumer is not None
+        """Consume the lane until ``stop()``, with the retry relay beside it.
+        A relay that dies takes the worker with it, so the supervisor
+        restarts both rather than leave parked requests unattended."""
+        assert self._consumer is not None and self.relay is not None
         lane = self.lane_settings
-        while not self._stopping.is_set():
-            records = await collect_batch(
-                self._fetch,
-                max_size=lane.max_batch_size,
-                max_wait_s=lane.max_wait_ms / 1000,
-                idle_timeout_s=0.5,
-            )
-            await self._report_backlog()  # before a batch that may run for seconds
-            if records:
-                await self.process(records)
+        relay = asyncio.create_task(self.relay.run(self._stopping))
+        try:
+            while not self._stopping.is_set():
+                if relay.done():
+                    relay.result()  # raises what killed it
+                    raise RuntimeError(f"{self.lane} retry relay stopped")
+                records = await collect_batch(
+                    self._fetch,
+                    max_size=lane.max_batch_size,
+                    max_wait_s=lane.max_wait_ms / 1000,
+                    idle_timeout_s=0.5,
+                )
+                await self._report_backlog()  # before a batch that may run for seconds
+                if records:
+                    await self.process(records)
+        finally:
+            self._stopping.set()
+            # A relay between produce and commit finishes that step (one poll).
+            done, _ = await asyncio.wait({relay}, timeout=2.0)
+            if not done:
+                relay.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await relay
 
     async def _report_backlog(self) -> None:
         """Tell the flow controller how many records wait on this worker's partitions."""
@@ -140,11 +198,30 @@ class LaneWorker:
                 # into its buffer, which still wait for this worker.
                 start = self._next_offset.get(tp)
                 if start is None:
-                    start = await self._consumer.committed(tp)
-                if start is None:
-                    start = (await self._consumer.beginning_offsets([tp]))[tp]
+                    start = await self._committed_offset(tp)
                 waiting += max(0, end - start)
         await self.board.report(self.lane, self._worker_id, waiting)
+
+    async def _committed_offset(self, tp: TopicPartition) -> int:
+        """The group's offset on ``tp`` (the log start when it has none),
+        asked of the broker once per assignment, not on every report."""
+        assert self._consumer is not None
+        cached = self._committed.get(tp)
+        if cached is not None:
+            return cached
+        committed = await self._consumer.committed(tp)
+        if committed is None:
+            committed = (await self._consumer.beginning_offsets([tp]))[tp]
+        self._committed[tp] = committed
+        return committed
+
+    def forget(self, partitions: Sequence[TopicPartition]) -> None:
+        """Drop what this worker knew of partitions it lost or got anew: a
+        new owner starts from the committed offset, not from where this
+        worker stood (a stale ``_next_offset`` under-counted the backlog)."""
+        for tp in partitions:
+            self._next_offset.pop(tp, None)
+            self._committed.pop(tp, None)
 
     async def _fetch(self, timeout_s: float, max_items: int) -> list[ConsumerRecord]:
         assert self._consumer is not None
@@ -156,7 +233,8 @@ class LaneWorker:
         return [record for batch in polled.values() for record in batch]
 
     async def process(self, records: Sequence[ConsumerRecord]) -> None:
-        """Run one batch, produce its results, keep them, then commit."""
+        """Run one batch, produce its results (or park what no backend could
+        serve on the retry topic), keep them, then commit."""
         outbound: list[Outbound] = []
         batch: list[tuple[RecordKey, RoutedRequest]] = []
         for record in records:
@@ -168,17 +246,25 @@ class LaneWorker:
             key = (record.topic, record.partition, record.offset, routed.request.id)
             batch.append((key, routed))
 
-        stored = await self.store.get_many([key for key, _ in batch]) if self.store else {}
-        fresh = [(key, routed) for key, routed in batch if key not in stored]
+        stored, parked_before = (
+            await self.store.recall([key for key, _ in batch]) if self.store else ({}, set())
+        )
+        fresh = [
+            (key, routed) for key, routed in batch if key not in stored and key not in parked_before
+        ]
         attempts = await self.store.begin([key for key, _ in fresh]) if self.store else {}
         limit = self.settings.max_attempts
         poisoned = [(key, routed) for key, routed in fresh if attempts.get(key, 0) > limit]
         fresh = [(key, routed) for key, routed in fresh if attempts.get(key, 0) <= limit]
         outbound += self._give_up(poisoned, records, limit)
         finished = await self.executor.execute([routed for _, routed in fresh])
-        answers = [
+        for item in finished:  # paths that failed before a fallback answered
+            outbound += attempt_events(item, self.settings)
+        answers: list[Answer] = [
             (key, item.routed, item.result) for (key, _), item in zip(fresh, finished, strict=True)
         ]
+        answers, parked, retry_out = self._retry_or_answer(answers, records)
+        outbound += retry_out
         replayed = [(key, routed, stored[key]) for key, routed in batch if key in stored]
         if replayed:
             REPLAYED.labels(self.lane).inc(len(replayed))
@@ -196,6 +282,12 @@ class LaneWorker:
         if self.store is not None:
             await self.store.put_many([(key, result) for key, _, result in answers])
         await self._produce(outbound)
+        if self.store is not None:
+            # Only once the retry records are acknowledged: a crash before this
+            # parks them again on redelivery, a duplicate rather than a loss.
+            await self.store.park_many(parked)
+        if self.on_answered is not None and answers:
+            await self.on_answered([(routed, result) for _, routed, result in answers])
         await self._commit(records)
 
         BATCH_SIZE.labels(self.lane).observe(len(fresh))
@@ -204,6 +296,61 @@ class LaneWorker:
             RECORDS.labels(f"worker-{self.lane}", result.status).inc()
             RESULTS.labels(self.lane, result.path, result.status, code).inc()
             LATENCY.labels(self.lane, result.path).observe(result.timings.total_ms / 1000)
+
+    def _retry_or_answer(
+        self, answers: list[Answer], records: Sequence[ConsumerRecord]
+    ) -> tuple[list[Answer], list[RecordKey], list[Outbound]]:
+        """Take the failures no backend could serve out of ``answers``: each
+        is parked on the retry topic while attempts and deadline allow.
+        The last attempt's failure stays the client's answer and its record
+        goes to the DLQ. Returns the answers left, the parked records and
+        the records to produce for them."""
+        by_offset = {(r.topic, r.partition, r.offset): r for r in records}
+        now_ms = int(time.time() * 1000)
+        left: list[Answer] = []
+        parked: list[RecordKey] = []
+        outbound: list[Outbound] = []
+        for key, routed, result in answers:
+            if not is_retryable(result) or result.error is None:
+                left.append((key, routed, result))
+                continue
+            record = by_offset[key[:3]]
+            attempt = read_mark(record.headers).attempt
+            plan = plan_retry(
+                attempt,
+                now_ms=now_ms,
+                deadline_at_ms=routed.deadline_at_ms,
+                max_attempts=self.settings.max_attempts,
+                base_ms=self.settings.retry_backoff_ms,
+                max_backoff_ms=self.settings.retry_max_backoff_ms,
+            )
+            if isinstance(plan, Park):
+                RETRIES.labels(self.lane, "parked").inc()
+                log.info(
+                    "%s: %s parked for attempt %d in %d ms: %s",
+                    self.lane,
+                    routed.request.id,
+                    plan.mark.attempt,
+                    plan.mark.not_before_ms - now_ms,
+                    result.error.message,
+                )
+                outbound.append(retry_record(record, plan.mark, result, self.settings, self.lane))
+                parked.append(key)
+                continue
+            if isinstance(plan, Exhausted):
+                RETRIES.labels(self.lane, "exhausted").inc()
+                note = f"attempt {attempt} of {self.settings.max_attempts}; moved to the DLQ"
+            else:
+                RETRIES.labels(self.lane, "out_of_time").inc()
+                note = f"attempt {attempt}; no time before the deadline for another"
+            error = BackendUnavailable(f"{result.error.message} ({note})")
+            result = result.model_copy(update={"error": ErrorInfo.from_error(error)})
+            if isinstance(plan, Exhausted):
+                dead = dlq_for(record, error, self.settings)
+                attempts = ((ATTEMPT_HEADER, str(attempt).encode()),)
+                outbound.append(dataclasses.replace(dead, headers=dead.headers + attempts))
+            left.append((key, routed, result))
+        return left, parked, outbound
 
     def _give_up(
         self,
@@ -269,6 +416,7 @@ class LaneWorker:
             offsets[tp] = max(offsets.get(tp, 0), record.offset + 1)
         try:
             await self._consumer.commit(offsets)
+            self._committed.update(offsets)
         except (CommitFailedError, IllegalStateError) as exc:
             # The partitions moved to another worker while this batch ran. Its
             # results are out; the new owner re-runs the batch and the client
@@ -277,6 +425,8 @@ class LaneWorker:
 
     async def close(self) -> None:
         self.state.ready = False
+        if self.relay is not None:
+            await self.relay.close()
         if self._consumer is not None:
             await self._consumer.stop()
         if self._producer is not None:
@@ -286,6 +436,19 @@ class LaneWorker:
             await self.store.close()
 
 
+class _ForgetOnRebalance(ConsumerRebalanceListener):
+    """Keeps the worker's per-partition state to the partitions it owns."""
+
+    def __init__(self, worker: LaneWorker) -> None:
+        self._worker = worker
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self._worker.forget(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self._worker.forget(assigned)
+
+
 async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_s: float) -> None:
     """Run a worker until SIGTERM/SIGINT. The batch in flight then gets
     ``drain_s`` to finish and commit; past that it is abandoned uncommitted
@@ -293,7 +456,19 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
     redis = settings.redis.client()  # one connection pool for store and board
     store = ResultStore(redis, prefix=settings.redis.key_prefix, ttl_s=settings.redis.result_ttl_s)
     board = BacklogBoard(redis, settings.redis.key_prefix)
-    worker = LaneWorker(settings, lane, state, store=store, board=board)
+    cache = (
+        ResponseCache(redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=None)
+        if settings.cache.enabled
+        else None
+    )
+    sessions = (
+        SessionStore(redis, settings.session, key_prefix=settings.redis.key_prefix)
+        if settings.session.enabled
+        else None
+    )
+    worker = LaneWorker(
+        settings, lane, state, store=store, board=board, on_answered=Remember(cache, sessions)
+    )
     await worker.start()
     loop = asyncio.get_running_loop()
     runner = asyncio.ensure_future(worker.run())

@@ -5,6 +5,8 @@ its offsets gets the batch again on restart. With the store it re-sends the
 stored results (the client drops them as duplicates) instead of running the
 models a second time. The key is the lane record's topic, partition, offset
 and request id, which a redelivery repeats and no other request shares.
+A record parked on the retry topic (``workers.retry``) is remembered the
+same way, so a redelivered batch does not park it a second time.
 
 Redis is never in the way: every error is logged, counted and treated as a
 miss (fail-open), with short socket timeouts.
@@ -47,17 +49,28 @@ class ResultStore:
         topic, partition, offset, request_id = record
         return f"{self._prefix}:done:{topic}:{partition}:{offset}:{request_id}"
 
+    def _parked_key(self, record: RecordKey) -> str:
+        return self._key(record).replace(":done:", ":parked:", 1)
+
     async def get_many(self, records: Sequence[RecordKey]) -> dict[RecordKey, InferenceResult]:
+        return (await self.recall(records))[0]
+
+    async def recall(
+        self, records: Sequence[RecordKey]
+    ) -> tuple[dict[RecordKey, InferenceResult], set[RecordKey]]:
+        """What was done with each record before: its stored result, or
+        that it was parked on the retry topic (both in one round trip)."""
         if not records:
-            return {}
+            return {}, set()
+        keys = [self._key(r) for r in records] + [self._parked_key(r) for r in records]
         try:
-            values = await self._redis.mget([self._key(r) for r in records])
+            values = await self._redis.mget(keys)
         except (RedisError, OSError) as exc:
             REDIS_ERRORS.labels("get").inc()
             log.warning("result store unavailable, running the batch: %s", exc)
-            return {}
+            return {}, set()
         found = {}
-        for record, value in zip(records, values, strict=True):
+        for record, value in zip(records, values[: len(records)], strict=True):
             if value is None:
                 continue
             try:
@@ -67,7 +80,26 @@ class ResultStore:
                 continue
             if result.id == record[3]:
                 found[record] = result
-        return found
+        parked = {
+            record
+            for record, value in zip(records, values[len(records) :], strict=True)
+            if value is not None and record not in found
+        }
+        return found, parked
+
+    async def park_many(self, records: Sequence[RecordKey]) -> None:
+        """Remember that these records were parked on the retry topic, so a
+        redelivery of their (uncommitted) batch does not park them twice."""
+        if not records:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for record in records:
+                    pipe.set(self._parked_key(record), b"1", ex=self._ttl_s)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            REDIS_ERRORS.labels("park").inc()
+            log.warning("result store unavailable, parked records not kept: %s", exc)
 
     async def begin(self, records: Sequence[RecordKey]) -> dict[RecordKey, int]:
         """Count one more processing attempt of each record; the counts.

@@ -1,0 +1,512 @@
+"""Failure handling on a real stack of its own: offered load three times the
+bulk lane's capacity, backends down (the retry topic), a lane group
+rebalanced, Redis stopped, and the classifier killed.
+
+These tests break things, so they run on a second stack (own broker, own
+Valkey on a fixed port so it can be restarted, own key prefix and app id),
+never the session's. Its flow marks are low so that overload engages
+shedding within seconds, and the response cache is off so repeated prompts
+reach the lanes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer, ConsumerRecord
+
+from schemas.errors import ErrorCode
+from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.settings import BackendSettings, Settings
+from streams.backlog import BacklogBoard
+from streams.bench import (
+    RULE_PROMPTS,
+    SIMPLE_PROMPTS,
+    format_steps,
+    overload_step,
+    step_row,
+)
+from streams.client import LanewayClient
+from streams.embedded import free_port
+from streams.supervisor import Stack
+from streams.topics import create_topics, retry_topic
+from tests.integration.conftest import read_topic
+from tests.integration.test_backends import llama_cpp_server
+from workers.execution import Executor, backend_slots
+from workers.lane_worker import LaneWorker
+from workers.result_store import ResultStore
+from workers.retry import ATTEMPT_HEADER
+
+pytestmark = pytest.mark.timeout(600)  # the module's stack starts inside the first test's budget
+
+REALTIME_DEADLINE_MS = 3_000
+"""The realtime budget of the overload test, unless the idle stack is so
+slow (a busy shared machine) that four idle answers would not fit in it."""
+
+RESILIENCE_ENV = {
+    "LANEWAY_APP_ID": "laneway-resilience",
+    "LANEWAY_REDIS_KEY_PREFIX": f"resilience-{uuid.uuid4().hex[:8]}",
+    "LANEWAY_LOG_LEVEL": "INFO",
+    "LANEWAY_BULK_MAX_BATCH_SIZE": "4",
+    "LANEWAY_BULK_MAX_WAIT_MS": "300",
+    # Shedding within seconds of overload, recovery within seconds after it.
+    "LANEWAY_FLOW_ENTER": "[4, 8, 16]",
+    "LANEWAY_FLOW_EXIT": "[2, 4, 8]",
+    "LANEWAY_FLOW_HOLD_S": "1",
+    # Every request reaches its lane: no cached answers, no random detours.
+    "LANEWAY_CACHE_ENABLED": "false",
+    "LANEWAY_ROUTING_EXPLORATION": "0",
+}
+
+
+def _supervised(stack: Stack) -> Iterator[Stack]:
+    """Start ``stack`` and restart its dead children every half second, as
+    ``laneway up`` does, until the generator is closed."""
+    stop = threading.Event()
+
+    def supervise() -> None:
+        while not stop.wait(0.5):
+            stack.supervise_once()
+
+    supervisor = threading.Thread(target=supervise, daemon=True)
+    try:
+        stack.start(ready_timeout_s=240)
+        supervisor.start()
+        yield stack
+    finally:
+        stop.set()
+        supervisor.join(timeout=35)  # a restart pause is at most 30 s
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+def resilient_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    log_dir = tmp_path_factory.mktemp("resilience")
+    settings = Settings(app_id=RESILIENCE_ENV["LANEWAY_APP_ID"])
+    with open(log_dir / "stack.log", "w") as out:
+        stack = Stack(
+            settings,
+            redis_port=free_port(),  # fixed, so a stopped Valkey comes back at the same URL
+            use_external_redis=False,
+            http_port_base=None,
+            out=out,
+            log_dir=log_dir,
+            child_env=RESILIENCE_ENV,
+        )
+        yield from _supervised(stack)
+    print(f"\nresilience stack log: {log_dir / 'stack.log'}")
+
+
+def realtime_mix(n: int) -> list[dict[str, Any]]:
+    """Two rule answers (classifier) for every light-model request (worker)."""
+    return [
+        {"prompt": RULE_PROMPTS[i % len(RULE_PROMPTS)], "max_tokens": 8}
+        if i % 3
+        else {
+            "prompt": SIMPLE_PROMPTS[i % len(SIMPLE_PROMPTS)],
+            "max_tokens": 8,
+            "lane": "realtime",
+        }
+        for i in range(n)
+    ]
+
+
+async def submit_all(
+    client: LanewayClient, requests: list[dict[str, Any]], tag: str
+) -> dict[str, asyncio.Future[InferenceResult]]:
+    futures = {}
+    for i, request in enumerate(requests):
+        rid = f"{tag}-{i}-{uuid.uuid4().hex[:6]}"
+        futures[rid] = await client.submit({"id": rid, **request})
+    return futures
+
+
+async def every_id_answered(
+    futures: dict[str, asyncio.Future[InferenceResult]], timeout_s: float
+) -> dict[str, InferenceResult]:
+    _, pending = await asyncio.wait(futures.values(), timeout=timeout_s)
+    assert not pending, f"lost {len(pending)} of {len(futures)} requests"
+    results = {rid: f.result() for rid, f in futures.items()}
+    assert all(results[rid].id == rid for rid in results)
+    return results
+
+
+# -- overload ------------------------------------------------------------------
+
+
+async def test_overload_sheds_bulk_and_realtime_keeps_its_budget(resilient_stack: Stack) -> None:
+    """Bulk offered at 3x the bulk lane's measured capacity for 20 s, with a
+    steady realtime stream beside it: realtime answers within its deadline,
+    bulk is shed (INF-429), and every request ends in a result or a clear
+    error (sent == answered).
+
+    The realtime deadline is 3 s, or four times the median of three idle
+    realtime answers if that is more: the test is about what overload does
+    to realtime, not about how fast this machine is today."""
+    settings = resilient_stack.settings
+    bulk = {"max_tokens": 8, "deadline_ms": 120_000}
+    async with LanewayClient(settings.kafka, client_id=f"ov-{uuid.uuid4().hex[:6]}") as client:
+        # A worker's first answer to a new reply topic may wait on the topic's
+        # metadata: one request per lane first, so that is not measured.
+        await asyncio.gather(
+            client.ask(SIMPLE_PROMPTS[0], batch_id="warm-up", timeout_s=120, **bulk),
+            client.ask(SIMPLE_PROMPTS[1], lane="realtime", max_tokens=8, timeout_s=120),
+        )
+        idle_ms = []
+        for prompt in SIMPLE_PROMPTS[:3]:
+            asked = time.perf_counter()
+            await client.ask(prompt, lane="realtime", max_tokens=8, timeout_s=120)
+            idle_ms.append((time.perf_counter() - asked) * 1000)
+        budget_ms = max(REALTIME_DEADLINE_MS, round(4 * statistics.median(idle_ms)))
+        # Sixteen at once: full batches back to back, the bulk lane's
+        # throughput when it never waits for work.
+        calibration = [
+            {**bulk, "prompt": SIMPLE_PROMPTS[i % len(SIMPLE_PROMPTS)], "batch_id": "calibrate"}
+            for i in range(16)
+        ]
+        measured, lost = await overload_step(client, calibration, 1_000.0, timeout_s=180)
+        assert not lost and all(r.status == "ok" and r.lane == "bulk" for r, _ in measured)
+        capacity = len(measured) / (max(ms for _, ms in measured) / 1000)
+
+        window_s, realtime_rps = 20.0, 1.0
+        bulk_rps = 3 * capacity
+        bulk_load = [
+            {**bulk, "prompt": SIMPLE_PROMPTS[i % len(SIMPLE_PROMPTS)], "batch_id": "overload"}
+            for i in range(round(bulk_rps * window_s))
+        ]
+        realtime_load = [
+            {**r, "deadline_ms": budget_ms, "lane": "realtime"}
+            for r in realtime_mix(round(realtime_rps * window_s))
+        ]
+        (rt, rt_lost), (bk, bk_lost) = await asyncio.gather(
+            overload_step(client, realtime_load, realtime_rps, timeout_s=120),
+            overload_step(client, bulk_load, bulk_rps, timeout_s=180),
+        )
+    rt_row, bk_row = step_row(1, realtime_rps, rt, rt_lost), step_row(3, bulk_rps, bk, bk_lost)
+    models = sorted(r.timings.inference_ms for r, _ in rt if r.path == "light")
+    print(
+        f"\noverload: bulk lane capacity {capacity:.2f} req/s; offered {window_s:.0f} s of "
+        f"realtime at {realtime_rps:.2f} req/s (row 1) and bulk at 3x (row 2); realtime "
+        f"budget {budget_ms} ms (idle answers {', '.join(f'{ms:.0f}' for ms in idle_ms)} ms; "
+        f"light inference under load up to {max(models, default=0):.0f} ms)\n"
+        + format_steps([rt_row, bk_row])
+    )
+    assert rt_lost == 0 and bk_lost == 0, "sent != answered"
+    assert len(rt) == len(realtime_load) and len(bk) == len(bulk_load)
+    for result, _ in rt + bk:
+        assert result.status == "ok" or (result.error is not None and result.error.code)
+    assert all(r.lane == "realtime" for r, _ in rt)
+    latencies = sorted(ms for _, ms in rt)
+    p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
+    assert p95 <= budget_ms, f"realtime p95 {p95:.0f} ms over its {budget_ms} ms"
+    assert sum(r.status == "ok" for r, _ in rt) >= 0.9 * len(rt)
+    assert bk_row.limited > 0, "bulk was never shed"
+    assert all(
+        r.error.code == ErrorCode.RATE_LIMITED and r.error.retry_after_ms
+        for r, _ in bk
+        if r.error is not None and r.error.code == ErrorCode.RATE_LIMITED
+    )
+
+
+# -- the retry topic, with a lane worker in this process ---------------------
+
+
+@contextlib.asynccontextmanager
+async def worker_on_dead_server(base: Settings, **updates: Any) -> AsyncIterator[Settings]:
+    """A realtime lane worker, on topics of its own, whose light and heavy
+    paths are both an OpenAI-compatible server that is not there (yet): the
+    port it names is free. Yields the worker's settings."""
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    backend = BackendSettings(
+        light="openai",
+        light_model="smollm2",
+        heavy="openai",
+        heavy_model="smollm2",
+        openai_base_url=f"http://127.0.0.1:{free_port()}/v1",
+        openai_timeout_s=30,
+        load_retry_s=0,
+        breaker_cooldown_s=0.5,
+    )
+    own = base.model_copy(
+        update={
+            "kafka": base.kafka.model_copy(update={"topic_prefix": prefix}),
+            "app_id": prefix,
+            "backend": backend,
+            **updates,
+        }
+    )
+    await create_topics(own)
+    store = ResultStore(own.redis.client(), prefix=prefix, ttl_s=300)
+    worker = LaneWorker(own, Lane.REALTIME, store=store)
+    await worker.start()
+    runner = asyncio.create_task(worker.run())
+    try:
+        yield own
+    finally:
+        worker.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(runner, 30)
+        await worker.close()
+
+
+async def produce_routed(
+    settings: Settings,
+    deadline_in_ms: int | None = None,
+    *,
+    path: Path = Path.LIGHT,
+    prompt: str = "What is 2+2?",
+    key: str | None = None,
+) -> RoutedRequest:
+    """A routed request on the realtime lane topic, as the classifier writes
+    it (keyed by its id, or by ``key`` to share another's partition)."""
+    now = int(time.time() * 1000)
+    routed = RoutedRequest(
+        request=InferenceRequest(id=f"retry-{uuid.uuid4().hex[:8]}", prompt=prompt, max_tokens=8),
+        lane=Lane.REALTIME,
+        path=path,
+        reply_to=settings.replies_topic,
+        produced_at_ms=now,
+        routed_at_ms=now,
+        deadline_at_ms=None if deadline_in_ms is None else now + deadline_in_ms,
+    )
+    producer = AIOKafkaProducer(acks="all", **settings.kafka.client_options())
+    await producer.start()
+    try:
+        await producer.send_and_wait(
+            settings.lane_topic(Lane.REALTIME),
+            routed.model_dump_json().encode(),
+            key=(key or routed.request.id).encode(),
+        )
+    finally:
+        await producer.stop()
+    return routed
+
+
+async def wait_for(
+    settings: Settings,
+    topic: str,
+    match: Callable[[ConsumerRecord], bool],
+    count: int = 1,
+    timeout_s: float = 60.0,
+) -> list[ConsumerRecord]:
+    """The records of ``topic`` that ``match``, once there are ``count``."""
+    give_up = time.monotonic() + timeout_s
+    while True:
+        found = [r for r in await read_topic(settings, topic) if match(r)]
+        if len(found) >= count or time.monotonic() > give_up:
+            return found
+        await asyncio.sleep(0.5)
+
+
+def keyed(request_id: str) -> Callable[[ConsumerRecord], bool]:
+    return lambda record: record.key == request_id.encode()
+
+
+async def test_a_request_is_retried_via_the_retry_topic_until_its_server_is_up(
+    resilient_stack: Stack,
+) -> None:
+    async with worker_on_dead_server(
+        resilient_stack.settings,
+        max_attempts=10,
+        retry_backoff_ms=1_000,
+        retry_max_backoff_ms=4_000,
+    ) as own:
+        routed = await produce_routed(own)
+        rid = routed.request.id
+        parked = await wait_for(own, retry_topic(own, Lane.REALTIME), keyed(rid), timeout_s=30)
+        assert parked, "the first failure was not parked on the retry topic"
+        assert dict(parked[0].headers)[ATTEMPT_HEADER] == b"2"
+        # The partition keeps moving while the request is parked: a rules
+        # request behind it, on the same partition, is answered at once.
+        behind = await produce_routed(own, path=Path.RULES, prompt="ping", key=rid)
+        (pong,) = await wait_for(own, own.replies_topic, keyed(behind.request.id), timeout_s=15)
+        assert InferenceResult.model_validate_json(pong.value).output == "pong"
+        assert not [r for r in await read_topic(own, own.replies_topic) if keyed(rid)(r)]
+        port = int(own.backend.openai_base_url.rsplit(":", 1)[1].split("/")[0])
+        with llama_cpp_server(port):  # up within the ~30 s the attempts span
+            (reply,) = await wait_for(own, own.replies_topic, keyed(rid), timeout_s=60)
+        retries = await wait_for(own, retry_topic(own, Lane.REALTIME), keyed(rid))
+        dead = await read_topic(own, own.topic("dlq"))
+    result = InferenceResult.model_validate_json(reply.value)
+    assert result.status == "ok", result.error
+    assert result.model == "openai:smollm2" and result.output
+    attempts = [int(dict(r.headers)[ATTEMPT_HEADER]) for r in retries]
+    assert attempts == list(range(2, len(attempts) + 2))  # one park per failed attempt
+    assert dead == []
+    replies = [r for r in await read_topic(own, own.replies_topic) if keyed(rid)(r)]
+    assert len(replies) == 1  # no INF-502 before the answer
+
+
+async def test_a_request_that_keeps_failing_gets_inf_502_and_the_dlq(
+    resilient_stack: Stack,
+) -> None:
+    async with worker_on_dead_server(
+        resilient_stack.settings, max_attempts=3, retry_backoff_ms=200, retry_max_backoff_ms=1_000
+    ) as own:
+        doomed = await produce_routed(own)
+        hurried = await produce_routed(own, deadline_in_ms=150)  # no time for a 200 ms backoff
+        replies = await wait_for(
+            own,
+            own.replies_topic,
+            lambda r: r.key in (doomed.request.id.encode(), hurried.request.id.encode()),
+            count=2,
+            timeout_s=60,
+        )
+        # A moment for anything that should not be there to show up.
+        await asyncio.sleep(1.0)
+        replies = await read_topic(own, own.replies_topic)
+        retries = await read_topic(own, retry_topic(own, Lane.REALTIME))
+        dead = await read_topic(own, own.topic("dlq"))
+    results = {r.key.decode(): InferenceResult.model_validate_json(r.value) for r in replies}
+    assert len(replies) == 2, "each request gets exactly one terminal result"
+
+    final = results[doomed.request.id]
+    assert final.error is not None and final.error.code == ErrorCode.BACKEND_UNAVAILABLE
+    assert "attempt 3 of 3; moved to the DLQ" in final.error.message
+    assert [
+        int(dict(r.headers)[ATTEMPT_HEADER]) for r in retries if keyed(doomed.request.id)(r)
+    ] == [2, 3]
+    (dlq,) = [r for r in dead if r.key == doomed.request.id.encode()]
+    headers = dict(dlq.headers)
+    assert RoutedRequest.model_validate_json(dlq.value) == doomed
+    assert headers["laneway-error-code"] == b"INF-502" and headers[ATTEMPT_HEADER] == b"3"
+    assert headers["laneway-source-topic"] == own.lane_topic(Lane.REALTIME).encode()
+    assert (
+        b"no OpenAI-compatible server" in headers["laneway-error"]
+        or b"circuit open" in headers["laneway-error"]
+    )
+
+    rushed = results[hurried.request.id]
+    assert rushed.error is not None and rushed.error.code == ErrorCode.BACKEND_UNAVAILABLE
+    assert "no time before the deadline" in rushed.error.message
+    assert not [r for r in retries if keyed(hurried.request.id)(r)]
+    assert not [r for r in dead if keyed(hurried.request.id)(r)]
+
+
+# -- a lane worker's partition state across a rebalance -------------------------
+
+
+async def test_a_worker_forgets_the_partitions_a_rebalance_takes_away(
+    resilient_stack: Stack,
+) -> None:
+    """A second worker joins the group: the first keeps position and
+    committed-offset state only for the partitions it still owns, so its
+    backlog report counts what waits on those, from where the group stands."""
+    prefix = f"rb{uuid.uuid4().hex[:8]}"
+    base = resilient_stack.settings
+    own = base.model_copy(
+        update={
+            "kafka": base.kafka.model_copy(update={"topic_prefix": prefix}),
+            "app_id": prefix,
+            "flow": base.flow.model_copy(update={"interval_s": 0.01}),
+        }
+    )
+    await create_topics(own)
+    producer = AIOKafkaProducer(**own.kafka.client_options())
+    await producer.start()
+    try:
+        for partition in range(own.kafka.partitions):
+            await producer.send_and_wait(own.lane_topic(Lane.BULK), b"{}", partition=partition)
+    finally:
+        await producer.stop()
+
+    rules = BackendSettings(light="rules", heavy="rules")
+    redis = own.redis.client()
+    board = BacklogBoard(redis, prefix)
+    first, second = (
+        LaneWorker(own, Lane.BULK, executor=Executor(Lane.BULK, backend_slots(rules)), board=board)
+        for _ in range(2)
+    )
+    try:
+        await first.start()
+        fetched = []
+        for _ in range(40):  # one record per partition, none processed
+            fetched += await first._fetch(0.25, 10)
+            if len(fetched) == own.kafka.partitions:
+                break
+        await first._report_backlog()
+        assert first._consumer is not None
+        held = set(first._consumer.assignment())
+        assert set(first._next_offset) == held and len(held) == own.kafka.partitions
+
+        await second.start()
+        assert second._consumer is not None
+        for _ in range(120):  # both poll while the group rebalances
+            await first._fetch(0.1, 10)
+            await second._fetch(0.1, 10)
+            if first._consumer.assignment() and second._consumer.assignment():
+                break
+        kept = set(first._consumer.assignment())
+        assert kept and kept < held, "the group did not rebalance"
+        assert set(first._next_offset) <= kept and set(first._committed) <= kept
+        first._reported_at = 0.0
+        await first._report_backlog()
+        # Nothing was committed: one record waits on each partition it still
+        # owns, unless it has fetched that record again since the rebalance.
+        backlog = await board.read()
+        assert backlog is not None
+        assert backlog[Lane.BULK] == len(kept) - len(first._next_offset)
+    finally:
+        await second.close()
+        await first.close()
+        await redis.aclose()
+
+
+# -- a part stopped mid-stream: last, as their slow answers linger in the flow p95 ----
+
+
+async def test_redis_stopped_and_started_loses_no_request(resilient_stack: Stack) -> None:
+    redis = resilient_stack.redis
+    assert redis is not None, "the resilience stack always runs its own Valkey"
+    settings = resilient_stack.settings
+    async with LanewayClient(settings.kafka, client_id=f"rd-{uuid.uuid4().hex[:6]}") as client:
+        before = await submit_all(client, realtime_mix(9), "before-redis-stop")
+        await asyncio.wait(before.values(), return_when=asyncio.FIRST_COMPLETED, timeout=60)
+        await asyncio.to_thread(redis.stop)
+        try:
+            during = await submit_all(client, realtime_mix(12), "redis-down")
+            # Answers keep coming with Redis away (every Redis use fails open).
+            await asyncio.wait(during.values(), return_when=asyncio.FIRST_COMPLETED, timeout=60)
+            answered_while_down = sum(f.done() for f in during.values())
+            await asyncio.sleep(2.0)
+        finally:
+            await asyncio.to_thread(redis.start)
+        after = await submit_all(client, realtime_mix(6), "redis-back")
+        results = await every_id_answered({**before, **during, **after}, timeout_s=180)
+    assert answered_while_down > 0
+    failed = {rid: r.error for rid, r in results.items() if r.status != "ok"}
+    assert not failed, failed
+    assert redis.url == settings.redis.url  # back where the children look for it
+
+
+# Slow because faust's default session and rebalance timeouts (60 s each)
+# hold the restarted classifier's partitions for ~110 s; with both at 10 s
+# the same test takes ~25 s.
+@pytest.mark.slow
+async def test_classifier_killed_mid_stream_loses_no_request(resilient_stack: Stack) -> None:
+    classifier = resilient_stack.child("classifier")
+    restarts = classifier.restarts
+    settings = resilient_stack.settings
+    async with LanewayClient(settings.kafka, client_id=f"ck-{uuid.uuid4().hex[:6]}") as client:
+        before = await submit_all(client, realtime_mix(12), "before-kill")
+        await asyncio.wait(before.values(), return_when=asyncio.FIRST_COMPLETED, timeout=60)
+        assert classifier.pid is not None
+        os.kill(classifier.pid, signal.SIGKILL)
+        # Produced while no classifier runs: they wait on the request topic.
+        during = await submit_all(client, realtime_mix(18), "during-restart")
+        results = await every_id_answered({**before, **during}, timeout_s=240)
+        duplicates = client.duplicates
+    assert classifier.restarts > restarts
+    failed = {rid: r.error for rid, r in results.items() if r.status != "ok"}
+    assert not failed, failed
+    print(f"\nclassifier restart: 30 answered, {duplicates} duplicate replies dropped by the SDK")
