@@ -84,6 +84,10 @@ def new_app(settings: Settings, app_id: str) -> LanewayApp:
         consumer_auto_offset_reset="earliest",
         broker_commit_every=100,
         broker_commit_interval=1.0,
+        # faust's 60 s defaults held a restarted classifier's partitions for
+        # ~110 s (the dead member's session had to expire); 10 s gave 24 s.
+        broker_session_timeout=10.0,
+        broker_rebalance_timeout=10.0,
         **_broker_options(settings),
     )
 

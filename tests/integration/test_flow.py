@@ -73,6 +73,9 @@ async def test_stale_reports_are_ignored(settings: Settings) -> None:
         await redis.aclose()
 
 
+NO_CACHE = {"cache": "bypass"}
+
+
 async def test_backlog_sheds_bulk_intake_and_the_stack_recovers(
     client: LanewayClient, settings: Settings
 ) -> None:
@@ -81,10 +84,14 @@ async def test_backlog_sheds_bulk_intake_and_the_stack_recovers(
     worker_id = f"pressure-{uuid.uuid4().hex[:6]}"
     try:
         # A worker reports 80 records waiting: level 2 (enter marks 32/64/128).
+        # "bypass": a cached answer costs nothing and is served even when
+        # shedding; this test is about what reaches the lanes.
         shed = None
         for _ in range(30):
             await board.report(Lane.MEDIUM, worker_id, 80)
-            result = await client.ask("Name a colour.", batch_id="b", max_tokens=4, timeout_s=60)
+            result = await client.ask(
+                "Name a colour.", batch_id="b", max_tokens=4, timeout_s=60, metadata=NO_CACHE
+            )
             if result.error is not None and result.error.code == "INF-429":
                 shed = result
                 break
@@ -97,7 +104,9 @@ async def test_backlog_sheds_bulk_intake_and_the_stack_recovers(
         await board.report(Lane.MEDIUM, worker_id, 0)  # the backlog is gone
         recovered = None
         for _ in range(60):
-            result = await client.ask("Name a colour.", batch_id="b", max_tokens=4, timeout_s=60)
+            result = await client.ask(
+                "Name a colour.", batch_id="b", max_tokens=4, timeout_s=60, metadata=NO_CACHE
+            )
             if result.status == "ok":
                 recovered = result
                 break

@@ -489,10 +489,8 @@ async def test_redis_stopped_and_started_loses_no_request(resilient_stack: Stack
     assert redis.url == settings.redis.url  # back where the children look for it
 
 
-# Slow because faust's default session and rebalance timeouts (60 s each)
-# hold the restarted classifier's partitions for ~110 s; with both at 10 s
-# the same test takes ~25 s.
-@pytest.mark.slow
+# ~22 s: faust's session and rebalance timeouts are 10 s (streams.faust_transport);
+# with faust's 60 s defaults the restarted classifier waited ~110 s for its partitions.
 async def test_classifier_killed_mid_stream_loses_no_request(resilient_stack: Stack) -> None:
     classifier = resilient_stack.child("classifier")
     restarts = classifier.restarts
