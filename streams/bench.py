@@ -50,6 +50,8 @@ class Sample:
     latency_ms: float
     batch_size: int
     finished_at: float
+    inference_ms: float = 0.0
+    """Model time of the batch that answered it (0 for cache and rules)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +193,7 @@ async def drive(
                         latency_ms=(done - sent) * 1000,
                         batch_size=result.timings.batch_size,
                         finished_at=done,
+                        inference_ms=result.timings.inference_ms,
                     )
                 )
 
