@@ -280,7 +280,12 @@ def format_steps(rows: Sequence[StepRow]) -> str:
 
 async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow]:
     """Measure capacity closed-loop, then offer 1x, 2x, 3x of it for a fixed window."""
-    calibration = mixed_workload(max(16, args.requests // 4), args.max_tokens)
+    # Lane capacity is the question: the repeated prompts must reach the
+    # models, not the response cache.
+    no_cache = {"metadata": {"cache": "bypass, no-store"}}
+    calibration = [
+        {**r, **no_cache} for r in mixed_workload(max(16, args.requests // 4), args.max_tokens)
+    ]
     samples, started, _ = await drive(settings, calibration, args.concurrency, timeout_s=300)
     capacity = len(samples) / max(1e-9, max(s.finished_at for s in samples) - started)
     rows = []
@@ -291,7 +296,8 @@ async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow
             rate = capacity * load
             n = max(1, round(rate * args.window_s))
             workload = [
-                {**r, "deadline_ms": args.deadline_ms} for r in mixed_workload(n, args.max_tokens)
+                {**r, **no_cache, "deadline_ms": args.deadline_ms}
+                for r in mixed_workload(n, args.max_tokens)
             ]
             answered, lost = await overload_step(client, workload, rate, timeout_s=300)
             rows.append(step_row(load, rate, answered, lost))
