@@ -154,8 +154,9 @@ async def deliver(records: Sequence[Outbound], send: Send, settings: Settings) -
         if retrying:
             delay = min(5.0, 0.1 * 2**attempt)
             log.error(
-                "broker refused %d records (%s); retrying in %.1fs",
+                "broker refused %d records for %s (%s); retrying in %.1fs",
                 len(pending),
+                sorted({record.topic for record in pending}),
                 failed[0][1],
                 delay,
             )
