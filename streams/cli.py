@@ -152,7 +152,7 @@ def _run_faust(settings: Settings, build: Callable[[Settings, ProcessState], Any
 
 
 def _worker(settings: Settings, args: argparse.Namespace) -> int:
-    from workers.lane_worker import serve_lane
+    from workers.serve import serve_lane
 
     with _ops_endpoints(settings) as state:
         asyncio.run(serve_lane(settings, Lane(args.lane), state, args.drain_s))

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,11 +35,9 @@ from schemas.errors import BackendUnavailable, InvalidRequest
 from schemas.messages import ErrorInfo, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.backlog import BacklogBoard
-from streams.cache import ResponseCache
 from streams.envelopes import Outbound, deliver, dlq_for, terminal_records
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
-from streams.sessions import SessionStore
-from workers.answered import Remember, attempt_events
+from workers.answered import attempt_events
 from workers.batcher import collect_batch
 from workers.execution import Executor, backend_slots
 from workers.result_store import RecordKey, ResultStore
@@ -55,7 +52,7 @@ from workers.retry import (
     retry_record,
 )
 
-__all__ = ["LaneWorker", "serve_lane"]
+__all__ = ["AnsweredHook", "LaneWorker"]
 
 log = logging.getLogger(__name__)
 
@@ -447,44 +444,3 @@ class _ForgetOnRebalance(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         self._worker.forget(assigned)
-
-
-async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_s: float) -> None:
-    """Run a worker until SIGTERM/SIGINT. The batch in flight then gets
-    ``drain_s`` to finish and commit; past that it is abandoned uncommitted
-    and will be delivered again to the next worker."""
-    redis = settings.redis.client()  # one connection pool for store and board
-    store = ResultStore(redis, prefix=settings.redis.key_prefix, ttl_s=settings.redis.result_ttl_s)
-    board = BacklogBoard(redis, settings.redis.key_prefix)
-    cache = (
-        ResponseCache(redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=None)
-        if settings.cache.enabled
-        else None
-    )
-    sessions = (
-        SessionStore(redis, settings.session, key_prefix=settings.redis.key_prefix)
-        if settings.session.enabled
-        else None
-    )
-    worker = LaneWorker(
-        settings, lane, state, store=store, board=board, on_answered=Remember(cache, sessions)
-    )
-    await worker.start()
-    loop = asyncio.get_running_loop()
-    runner = asyncio.ensure_future(worker.run())
-
-    def on_signal() -> None:
-        log.info("%s worker stopping; draining the batch in flight (%.0fs)", lane, drain_s)
-        worker.stop()
-        loop.call_later(drain_s, runner.cancel)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    try:
-        await runner
-    except asyncio.CancelledError:
-        log.warning(
-            "%s worker: batch not finished within %.0fs; it will be redelivered", lane, drain_s
-        )
-    finally:
-        await worker.close()

@@ -1,0 +1,64 @@
+"""``laneway worker --lane L``: one lane worker with its Redis-backed parts
+(result store, backlog board, response cache writes, session turns), run
+until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from schemas.messages import Lane
+from schemas.settings import Settings
+from streams.backlog import BacklogBoard
+from streams.cache import ResponseCache
+from streams.ops import ProcessState
+from streams.sessions import SessionStore
+from workers.answered import Remember
+from workers.lane_worker import LaneWorker
+from workers.result_store import ResultStore
+
+__all__ = ["serve_lane"]
+
+log = logging.getLogger(__name__)
+
+
+async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_s: float) -> None:
+    """Run a worker until SIGTERM/SIGINT. The batch in flight then gets
+    ``drain_s`` to finish and commit; past that it is abandoned uncommitted
+    and will be delivered again to the next worker."""
+    redis = settings.redis.client()  # one connection pool for store and board
+    store = ResultStore(redis, prefix=settings.redis.key_prefix, ttl_s=settings.redis.result_ttl_s)
+    board = BacklogBoard(redis, settings.redis.key_prefix)
+    cache = (
+        ResponseCache(redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=None)
+        if settings.cache.enabled
+        else None
+    )
+    sessions = (
+        SessionStore(redis, settings.session, key_prefix=settings.redis.key_prefix)
+        if settings.session.enabled
+        else None
+    )
+    worker = LaneWorker(
+        settings, lane, state, store=store, board=board, on_answered=Remember(cache, sessions)
+    )
+    await worker.start()
+    loop = asyncio.get_running_loop()
+    runner = asyncio.ensure_future(worker.run())
+
+    def on_signal() -> None:
+        log.info("%s worker stopping; draining the batch in flight (%.0fs)", lane, drain_s)
+        worker.stop()
+        loop.call_later(drain_s, runner.cancel)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await runner
+    except asyncio.CancelledError:
+        log.warning(
+            "%s worker: batch not finished within %.0fs; it will be redelivered", lane, drain_s
+        )
+    finally:
+        await worker.close()
