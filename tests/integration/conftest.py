@@ -45,6 +45,26 @@ CHILD_ENV = {
 }
 
 
+def supervised(stack: Stack) -> Iterator[Stack]:
+    """Start ``stack`` and restart its dead children every half second, as
+    ``laneway up`` does, until the generator is closed."""
+    stop = threading.Event()
+
+    def supervise() -> None:
+        while not stop.wait(0.5):
+            stack.supervise_once()
+
+    supervisor = threading.Thread(target=supervise, daemon=True)
+    try:
+        stack.start(ready_timeout_s=240)
+        supervisor.start()
+        yield stack
+    finally:
+        stop.set()
+        supervisor.join(timeout=35)  # a restart pause is at most 30 s
+        stack.stop()
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("stack")
@@ -59,18 +79,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             log_dir=log_dir,
             child_env=CHILD_ENV,
         )
-        stop = threading.Event()
-        supervisor = threading.Thread(
-            target=lambda: [stack.supervise_once() for _ in iter(lambda: stop.wait(0.5), True)],
-            daemon=True,
-        )
         try:
-            stack.start(ready_timeout_s=240)
-            supervisor.start()
-            yield stack
+            yield from supervised(stack)
         finally:
-            stop.set()
-            stack.stop()
             RULES_FILE.unlink(missing_ok=True)
             print(f"\nstack log: {log_dir / 'stack.log'}")
 

@@ -16,7 +16,6 @@ import contextlib
 import os
 import signal
 import statistics
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -40,7 +39,7 @@ from streams.client import LanewayClient
 from streams.embedded import free_port
 from streams.supervisor import Stack
 from streams.topics import create_topics, retry_topic
-from tests.integration.conftest import read_topic
+from tests.integration.conftest import read_topic, supervised
 from tests.integration.test_backends import llama_cpp_server
 from workers.execution import Executor, backend_slots
 from workers.lane_worker import LaneWorker
@@ -69,26 +68,6 @@ RESILIENCE_ENV = {
 }
 
 
-def _supervised(stack: Stack) -> Iterator[Stack]:
-    """Start ``stack`` and restart its dead children every half second, as
-    ``laneway up`` does, until the generator is closed."""
-    stop = threading.Event()
-
-    def supervise() -> None:
-        while not stop.wait(0.5):
-            stack.supervise_once()
-
-    supervisor = threading.Thread(target=supervise, daemon=True)
-    try:
-        stack.start(ready_timeout_s=240)
-        supervisor.start()
-        yield stack
-    finally:
-        stop.set()
-        supervisor.join(timeout=35)  # a restart pause is at most 30 s
-        stack.stop()
-
-
 @pytest.fixture(scope="module")
 def resilient_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("resilience")
@@ -103,7 +82,7 @@ def resilient_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]
             log_dir=log_dir,
             child_env=RESILIENCE_ENV,
         )
-        yield from _supervised(stack)
+        yield from supervised(stack)
     print(f"\nresilience stack log: {log_dir / 'stack.log'}")
 
 
