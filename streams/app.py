@@ -83,6 +83,17 @@ class Lookups:
         found = Found(hit=hit, rule=rule, intent=classified[0], history_turns=len(history))
         return found, history
 
+    async def remember(self, classified: Classified) -> None:
+        """A conversation's turn answered here (cache or rules) joins its
+        session history, as the workers' answers do."""
+        request, result = classified.request, classified.result
+        if request is None or result is None or not request.session_id:
+            return
+        if result.status == "ok" and result.output:
+            await self.sessions.append(
+                request.session_id, request.id, request.user_text(), result.output
+            )
+
 
 def build_app(
     settings: Settings, state: ProcessState, rules: RuleSource | None = None
@@ -150,6 +161,7 @@ def build_app(
                 error = BackendUnavailable(f"classifier error: {type(exc).__name__}: {exc}")
                 classified = Classified("rejected", [dlq_for(record, error, settings)])
             await deliver(classified.records, send, settings)
+            await lookups.remember(classified)
             _observe(classified)
 
     @app.timer(settings.flow.interval_s)

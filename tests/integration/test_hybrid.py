@@ -128,3 +128,24 @@ async def test_a_session_remembers_earlier_turns(client: LanewayClient, settings
     routed = [RoutedRequest.model_validate_json(r.value) for r in records]
     (mine,) = [r for r in routed if r.request.id == second.id]
     assert [m.content for m in mine.history] == [history[0].content, history[1].content]
+
+
+async def test_turns_answered_by_the_classifier_join_the_session(
+    client: LanewayClient, settings: Settings
+) -> None:
+    session = f"s-{uuid.uuid4().hex[:8]}"
+    hello = await client.ask("Hello!", timeout_s=30, session_id=session)
+    assert hello.path == Path.RULES
+    store = SessionStore(
+        settings.redis.client(), settings.session, key_prefix=settings.redis.key_prefix
+    )
+    history = []
+    for _ in range(20):
+        history = await store.history(session)
+        if history:
+            break
+        await asyncio.sleep(0.25)
+    assert [(m.role, m.content) for m in history] == [
+        ("user", "Hello!"),
+        ("assistant", hello.output),
+    ]
