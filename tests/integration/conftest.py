@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.settings import Settings
 from streams.client import LanewayClient
+from streams.embedded import free_port
 from streams.rulefile import EXAMPLE_RULES_FILE
 from streams.supervisor import Stack
 
@@ -74,6 +75,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack = Stack(
             settings,
             use_external_redis="LANEWAY_REDIS_URL" in os.environ,
+            redis_port=free_port(),  # fixed, so a stopped Valkey comes back at the same URL
             http_port_base=None,
             out=out,
             log_dir=log_dir,

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import Settings
 from streams.client import LanewayClient
 from streams.router import RouteBoard
 from streams.sessions import SessionStore
+from streams.supervisor import Stack
 from tests.integration.conftest import read_topic
 
 
@@ -149,3 +152,26 @@ async def test_turns_answered_by_the_classifier_join_the_session(
         ("user", "Hello!"),
         ("assistant", hello.output),
     ]
+
+
+async def test_the_hybrid_engine_answers_with_redis_gone(
+    stack: Stack, client: LanewayClient
+) -> None:
+    """Cache, sessions, rule lookups, rate limits and route statistics all
+    live in Redis; without it every one of them fails open."""
+    if stack.redis is None:
+        pytest.skip("the stack uses an external Redis (LANEWAY_REDIS_URL): not stopped by tests")
+    cached = "In one word, what sound does a cow make?"
+    assert (await ask_until_cached(client, cached)).path == Path.CACHE
+    await asyncio.to_thread(stack.redis.stop)
+    try:
+        results = await asyncio.gather(
+            client.ask(cached, max_tokens=8, timeout_s=120, session_id="s-no-redis"),
+            client.ask("Hello!", timeout_s=60),
+            client.ask("Name a bird.", max_tokens=8, timeout_s=120),
+        )
+    finally:
+        await asyncio.to_thread(stack.redis.start)
+    assert [r.status for r in results] == ["ok", "ok", "ok"], results
+    assert results[0].path in (Path.LIGHT, Path.HEAVY)  # the cache missed, a model answered
+    assert results[1].path == Path.RULES
