@@ -99,9 +99,19 @@ class RedisSettings(BaseSettings):
     def client(self) -> Any:
         """An asyncio Redis client with this process's timeouts."""
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
 
         return aioredis.from_url(
-            self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s
+            self.url,
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.timeout_s,
+            # One immediate retry on a broken connection: after a Redis
+            # restart the pooled connections are stale, and the first command
+            # on each would fail though Redis is back. Timeouts are not
+            # retried: a slow Redis must not cost twice its timeout.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
 
     url: str = "redis://127.0.0.1:6379/0"

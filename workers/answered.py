@@ -9,14 +9,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from schemas.messages import InferenceResult, Path, QualityEvent, RoutedRequest
+from schemas.messages import InferenceResult, Lane, Path, QualityEvent, RoutedRequest, Timings
 from schemas.settings import Settings
-from streams.cache import ResponseCache
+from streams.cache import CacheHit, ResponseCache
 from streams.envelopes import Outbound
 from streams.sessions import SessionStore, context_digest
 from workers.execution import Finished
 
-__all__ = ["Remember", "attempt_events"]
+__all__ = ["Remember", "attempt_events", "cached_result"]
 
 
 class Remember:
@@ -63,3 +63,18 @@ def attempt_events(finished: Finished, settings: Settings) -> list[Outbound]:
             Outbound(settings.topic("quality"), path.encode(), event.model_dump_json().encode())
         )
     return out
+
+
+def cached_result(routed: RoutedRequest, hit: CacheHit, lane: Lane, now_ms: int) -> InferenceResult:
+    """The answer a worker found in the cache instead of running a model."""
+    waited = max(0.0, now_ms - routed.produced_at_ms)
+    return InferenceResult(
+        id=routed.request.id,
+        status="ok",
+        output=hit.output,
+        lane=lane,
+        path=Path.CACHE,
+        model=f"cache:{hit.kind}:{hit.model or '-'}",
+        timings=Timings(queue_ms=waited, total_ms=waited),
+        batch_id=routed.request.batch_id,
+    )

@@ -35,9 +35,11 @@ from schemas.errors import BackendUnavailable, InvalidRequest
 from schemas.messages import ErrorInfo, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.backlog import BacklogBoard
+from streams.cache import ResponseCache
 from streams.envelopes import Outbound, deliver, dlq_for, terminal_records
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
-from workers.answered import attempt_events
+from streams.sessions import context_digest
+from workers.answered import attempt_events, cached_result
 from workers.batcher import collect_batch
 from workers.execution import Executor, backend_slots
 from workers.result_store import RecordKey, ResultStore
@@ -69,6 +71,12 @@ RETRIES = Counter(
     ["lane", "outcome"],
 )
 
+COALESCED = Counter(
+    "laneway_cache_late_hits_total",
+    "Requests the worker answered from the cache: an identical one was answered as they waited",
+    ["lane"],
+)
+
 REPLAYED = Counter(
     "laneway_results_replayed_total",
     "Redelivered requests answered from the result store instead of a model",
@@ -86,6 +94,7 @@ class LaneWorker:
         store: ResultStore | None = None,
         board: BacklogBoard | None = None,
         on_answered: AnsweredHook | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.settings = settings
         self.lane = lane
@@ -97,6 +106,9 @@ class LaneWorker:
         self.store = store
         self.board = board
         self.on_answered = on_answered
+        self.cache = cache
+        """Asked again just before a batch runs: an identical request
+        answered while this one waited in the lane is not computed twice."""
         self._worker_id = uuid.uuid4().hex[:8]
         self._reported_at = 0.0
         self._next_offset: dict[TopicPartition, int] = {}
@@ -254,10 +266,13 @@ class LaneWorker:
         poisoned = [(key, routed) for key, routed in fresh if attempts.get(key, 0) > limit]
         fresh = [(key, routed) for key, routed in fresh if attempts.get(key, 0) <= limit]
         outbound += self._give_up(poisoned, records, limit)
+        answers: list[Answer] = await self._answered_meanwhile(fresh)
+        done = {key for key, _, _ in answers}
+        fresh = [(key, routed) for key, routed in fresh if key not in done]
         finished = await self.executor.execute([routed for _, routed in fresh])
         for item in finished:  # paths that failed before a fallback answered
             outbound += attempt_events(item, self.settings)
-        answers: list[Answer] = [
+        answers += [
             (key, item.routed, item.result) for (key, _), item in zip(fresh, finished, strict=True)
         ]
         answers, parked, retry_out = self._retry_or_answer(answers, records)
@@ -293,6 +308,25 @@ class LaneWorker:
             RECORDS.labels(f"worker-{self.lane}", result.status).inc()
             RESULTS.labels(self.lane, result.path, result.status, code).inc()
             LATENCY.labels(self.lane, result.path).observe(result.timings.total_ms / 1000)
+
+    async def _answered_meanwhile(
+        self, fresh: Sequence[tuple[RecordKey, RoutedRequest]]
+    ) -> list[Answer]:
+        """Requests whose exact answer reached the cache while they waited:
+        the classifier routed them before an identical request's answer was
+        stored (a burst of one popular question)."""
+        if self.cache is None:
+            return []
+        found: list[Answer] = []
+        now_ms = int(time.time() * 1000)
+        for key, routed in fresh:
+            context = context_digest(routed.history) if routed.history else ""
+            hit = await self.cache.lookup(routed.request, context)
+            if hit is not None:
+                found.append((key, routed, cached_result(routed, hit, self.lane, now_ms)))
+        if found:
+            COALESCED.labels(self.lane).inc(len(found))
+        return found
 
     def _retry_or_answer(
         self, answers: list[Answer], records: Sequence[ConsumerRecord]

@@ -41,7 +41,13 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         else None
     )
     worker = LaneWorker(
-        settings, lane, state, store=store, board=board, on_answered=Remember(cache, sessions)
+        settings,
+        lane,
+        state,
+        store=store,
+        board=board,
+        on_answered=Remember(cache, sessions),
+        cache=cache,
     )
     await worker.start()
     loop = asyncio.get_running_loop()

@@ -4,12 +4,15 @@ quality loop's statistics and client feedback, session history."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
-from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import Settings
+from streams.cache import ResponseCache
 from streams.client import LanewayClient
 from streams.router import RouteBoard
 from streams.sessions import SessionStore
@@ -154,6 +157,59 @@ async def test_turns_answered_by_the_classifier_join_the_session(
     ]
 
 
+async def test_a_worker_answers_from_the_cache_what_was_answered_while_it_waited(
+    client: LanewayClient, settings: Settings
+) -> None:
+    """The classifier routed this request before an identical one's answer
+    reached the cache; the worker looks again and does not run a model."""
+    request = InferenceRequest(
+        id=f"late-{uuid.uuid4().hex[:8]}",
+        prompt=f"Which animal says {uuid.uuid4().hex[:6]}?",
+        max_tokens=8,
+        reply_to=client.reply_to,
+    )
+    cache = ResponseCache(
+        settings.redis.client(), settings.cache, key_prefix=settings.redis.key_prefix, embedder=None
+    )
+    earlier = InferenceResult(
+        id="the-identical-one", status="ok", output="The cow.", path=Path.LIGHT, model="llamacpp:x"
+    )
+    twin = request.model_copy(update={"id": "the-identical-one"})
+    assert await cache.store(twin, earlier)
+    now = int(time.time() * 1000)
+    routed = RoutedRequest(
+        request=request,
+        lane=Lane.REALTIME,
+        path=Path.LIGHT,
+        reply_to=client.reply_to,
+        produced_at_ms=now,
+        routed_at_ms=now,
+    )
+    producer = AIOKafkaProducer(acks="all", **settings.kafka.client_options())
+    await producer.start()
+    try:
+        await producer.send_and_wait(
+            settings.lane_topic(Lane.REALTIME),
+            routed.model_dump_json().encode(),
+            key=request.id.encode(),
+        )
+    finally:
+        await producer.stop()
+    answer = None
+    for _ in range(40):
+        replies = await read_topic(settings, client.reply_to)
+        mine = [InferenceResult.model_validate_json(r.value) for r in replies]
+        answer = next((r for r in mine if r.id == request.id), None)
+        if answer is not None:
+            break
+        await asyncio.sleep(0.5)
+    assert answer is not None
+    assert (answer.status, answer.path, answer.output) == ("ok", Path.CACHE, "The cow.")
+    assert answer.model == "cache:exact:llamacpp:x" and answer.lane == "realtime"
+
+
+# Last in this file: it restarts the session stack's Valkey (empty afterwards),
+# and each process leaves Redis alone for a second after an error.
 async def test_the_hybrid_engine_answers_with_redis_gone(
     stack: Stack, client: LanewayClient
 ) -> None:
