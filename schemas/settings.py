@@ -61,6 +61,13 @@ class KafkaSettings(BaseSettings):
     """Client certificate (mutual TLS)."""
     ssl_keyfile: str | None = None
     request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    produce_timeout_ms: int = Field(default=5_000, ge=1_000)
+    """How long a worker's produce waits for its acknowledgement before it
+    fails and ``deliver`` sends the record again (a duplicate at worst, which
+    readers drop by id). The embedded Tansu broker now and then answers a
+    produce with NotLeaderForPartition until the request times out, then
+    takes the resend at once: with the 30 s request timeout that stalled a
+    lane for 30 s."""
     fetch_max_wait_ms: int = Field(default=20, ge=1, le=10_000)
     """Longest the broker may hold an empty fetch. Bounds how late a consumer
     sees a new record on a quiet topic; lower costs idle polling."""

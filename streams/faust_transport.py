@@ -86,6 +86,7 @@ def new_app(settings: Settings, app_id: str) -> LanewayApp:
         broker_commit_interval=1.0,
         # faust's 60 s defaults held a restarted classifier's partitions for
         # ~110 s (the dead member's session had to expire); 10 s gave 24 s.
+        producer_request_timeout=settings.kafka.produce_timeout_ms / 1000,
         broker_session_timeout=10.0,
         broker_rebalance_timeout=10.0,
         **_broker_options(settings),

@@ -128,7 +128,7 @@ class LaneWorker:
             acks="all",
             enable_idempotence=self.settings.kafka.enable_idempotence,
             linger_ms=1,
-            **options,
+            **{**options, "request_timeout_ms": self.settings.kafka.produce_timeout_ms},
         )
         self._consumer = AIOKafkaConsumer(
             group_id=f"{self.settings.app_id}.worker.{self.lane}",
