@@ -21,7 +21,7 @@ from typing import Any
 import faust
 
 from schemas.errors import BackendUnavailable
-from schemas.messages import Lane, QualityEvent
+from schemas.messages import ChatMessage, Lane, QualityEvent
 from schemas.settings import Settings
 from streams.backlog import BacklogBoard, LatencyBoard
 from streams.cache import ResponseCache
@@ -63,7 +63,7 @@ class Lookups:
             redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=embedder
         )
 
-    async def find(self, admitted: Admitted) -> tuple[Found, list[Any]]:
+    async def find(self, admitted: Admitted) -> tuple[Found, list[ChatMessage]]:
         """What cache, rules and the session say about the request."""
         request, settings = admitted.request, self.settings
         history = await self.sessions.history(request.session_id)

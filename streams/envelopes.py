@@ -31,6 +31,7 @@ DLQ_HEADERS = (
     "laneway-error-code",
     "laneway-error",
     "laneway-source-topic",
+    "laneway-source-partition",
     "laneway-source-offset",
 )
 
@@ -77,6 +78,8 @@ class ConsumedRecord(Protocol):
     @property
     def topic(self) -> str: ...
     @property
+    def partition(self) -> int: ...
+    @property
     def offset(self) -> int: ...
 
 
@@ -88,6 +91,7 @@ def dlq_for(record: ConsumedRecord, error: LanewayError, settings: Settings) -> 
         error,
         source_topic=record.topic,
         source_offset=record.offset,
+        source_partition=record.partition,
         settings=settings,
     )
 
@@ -99,15 +103,18 @@ def dlq_record(
     *,
     source_topic: str,
     source_offset: int,
+    source_partition: int | None = None,
     settings: Settings,
 ) -> Outbound:
     """The original bytes, with headers that say why and where from."""
-    headers = (
+    headers: tuple[tuple[str, bytes], ...] = (
         ("laneway-error-code", str(error.code).encode()),
         ("laneway-error", error.message.encode()[:1000]),
         ("laneway-source-topic", source_topic.encode()),
         ("laneway-source-offset", str(source_offset).encode()),
     )
+    if source_partition is not None:  # an offset means nothing without its partition
+        headers += (("laneway-source-partition", str(source_partition).encode()),)
     return Outbound(settings.topic("dlq"), key, raw, headers)
 
 

@@ -10,7 +10,14 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import (
+    ChatMessage,
+    InferenceRequest,
+    InferenceResult,
+    Lane,
+    Path,
+    RoutedRequest,
+)
 from schemas.settings import Settings
 from streams.cache import ResponseCache
 from streams.client import LanewayClient
@@ -32,6 +39,21 @@ async def ask_until_cached(
         await asyncio.sleep(0.5)
         result = await client.ask(prompt, max_tokens=8, timeout_s=120, **fields)
     return result
+
+
+async def session_history(settings: Settings, session: str) -> list[ChatMessage]:
+    """The session's turns once its latest answer has been appended (the
+    append follows the reply, so the first read may come too early)."""
+    store = SessionStore(
+        settings.redis.client(), settings.session, key_prefix=settings.redis.key_prefix
+    )
+    history: list[ChatMessage] = []
+    for _ in range(20):
+        history = await store.history(session)
+        if history:
+            break
+        await asyncio.sleep(0.25)
+    return history
 
 
 async def test_a_repeated_question_is_answered_from_the_cache(client: LanewayClient) -> None:
@@ -114,15 +136,7 @@ async def test_a_session_remembers_earlier_turns(client: LanewayClient, settings
         "My name is Zorblax. Say hello to me.", max_tokens=12, timeout_s=120, session_id=session
     )
     assert first.status == "ok" and first.output
-    store = SessionStore(
-        settings.redis.client(), settings.session, key_prefix=settings.redis.key_prefix
-    )
-    history = []
-    for _ in range(20):
-        history = await store.history(session)
-        if history:
-            break
-        await asyncio.sleep(0.25)
+    history = await session_history(settings, session)
     assert [(m.role, m.content) for m in history] == [
         ("user", "My name is Zorblax. Say hello to me."),
         ("assistant", first.output),
@@ -142,15 +156,7 @@ async def test_turns_answered_by_the_classifier_join_the_session(
     session = f"s-{uuid.uuid4().hex[:8]}"
     hello = await client.ask("Hello!", timeout_s=30, session_id=session)
     assert hello.path == Path.RULES
-    store = SessionStore(
-        settings.redis.client(), settings.session, key_prefix=settings.redis.key_prefix
-    )
-    history = []
-    for _ in range(20):
-        history = await store.history(session)
-        if history:
-            break
-        await asyncio.sleep(0.25)
+    history = await session_history(settings, session)
     assert [(m.role, m.content) for m in history] == [
         ("user", "Hello!"),
         ("assistant", hello.output),

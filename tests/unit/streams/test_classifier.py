@@ -74,6 +74,7 @@ def test_invalid_record_goes_to_dlq_and_client_hears_why() -> None:
     assert b"max_tokens=0" in headers["laneway-error"]
     assert headers["laneway-source-topic"] == b"laneway.requests"
     assert headers["laneway-source-offset"] == b"41"
+    assert headers["laneway-source-partition"] == b"2"
     assert reply.topic == "laneway.replies.acme"
     result = InferenceResult.model_validate_json(reply.value)
     assert result.id == "req-1" and result.error is not None and result.error.code == "INF-400"
