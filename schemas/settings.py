@@ -398,6 +398,12 @@ class Settings(BaseSettings):
     medium: LaneSettings = Field(default_factory=MediumLaneSettings)
     bulk: LaneSettings = Field(default_factory=BulkLaneSettings)
 
+    @property
+    def cache_in_use(self) -> bool:
+        """The response cache is read and written: enabled, and no single
+        forced path (the bench's baseline reads and writes none)."""
+        return self.cache.enabled and self.routing.force_path is None
+
     def lane(self, lane: Lane) -> LaneSettings:
         return {Lane.REALTIME: self.realtime, Lane.MEDIUM: self.medium, Lane.BULK: self.bulk}[lane]
 

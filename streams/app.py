@@ -53,11 +53,7 @@ class Lookups:
         self.rules = rules
         self.limiter = RateLimiter(redis, settings.ratelimit, settings.redis.key_prefix)
         self.sessions = SessionStore(redis, settings.session, key_prefix=settings.redis.key_prefix)
-        self.semantic = (
-            settings.cache.enabled
-            and settings.cache.semantic
-            and settings.routing.force_path is None  # a single-path deployment reads no cache
-        )
+        self.semantic = settings.cache_in_use and settings.cache.semantic
         embedder = MiniLMEmbedder() if self.semantic else None
         self.cache = ResponseCache(
             redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=embedder
@@ -73,8 +69,8 @@ class Lookups:
         text = request.user_text()
         classified = book.classify(text)
         hit = None
-        if settings.cache.enabled:
-            hit = await self.cache.lookup(request, context_digest(history) if history else "")
+        if settings.cache_in_use:
+            hit = await self.cache.lookup(request, context_digest(history))
         rule = None
         if hit is None and settings.routing.rules_enabled:
             match = book.match(text, classified=classified)

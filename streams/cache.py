@@ -114,6 +114,11 @@ class CacheHit:
     key: str
     """The entry served (for a semantic hit, the cached prompt's key, not the request's)."""
 
+    @property
+    def label(self) -> str:
+        """The ``model`` of a result served from this hit: ``cache:<kind>:<model>``."""
+        return f"cache:{self.kind}:{self.model or '-'}"
+
 
 # KEYS: entry, index. ARGV: ttl_s, max_entries, entry key prefix, member, field/value pairs.
 # One script so the entry, its TTL and its index slot appear together, scored

@@ -214,7 +214,7 @@ def _answer(decision: Decision, admitted: Admitted, age_ms: int) -> InferenceRes
     request = admitted.request
     if decision.hit is not None:
         hit = decision.hit
-        output, model = hit.output, f"cache:{hit.kind}:{hit.model or '-'}"
+        output, model = hit.output, hit.label
     elif decision.rule is not None:
         output, model = decision.rule.text, f"rules:{decision.rule.rule}"
     else:

@@ -32,7 +32,7 @@ class Remember:
                 continue
             request = routed.request
             if self.cache is not None:
-                context = context_digest(routed.history) if routed.history else ""
+                context = context_digest(routed.history)
                 await self.cache.store(request, result, context)
             if self.sessions is not None and request.session_id:
                 await self.sessions.append(
@@ -74,7 +74,7 @@ def cached_result(routed: RoutedRequest, hit: CacheHit, lane: Lane, now_ms: int)
         output=hit.output,
         lane=lane,
         path=Path.CACHE,
-        model=f"cache:{hit.kind}:{hit.model or '-'}",
+        model=hit.label,
         timings=Timings(queue_ms=waited, total_ms=waited),
         batch_id=routed.request.batch_id,
     )

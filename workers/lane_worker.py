@@ -317,13 +317,16 @@ class LaneWorker:
         stored (a burst of one popular question)."""
         if self.cache is None:
             return []
-        found: list[Answer] = []
+        cache = self.cache
+        hits = await asyncio.gather(
+            *(cache.lookup(routed.request, context_digest(routed.history)) for _, routed in fresh)
+        )
         now_ms = int(time.time() * 1000)
-        for key, routed in fresh:
-            context = context_digest(routed.history) if routed.history else ""
-            hit = await self.cache.lookup(routed.request, context)
-            if hit is not None:
-                found.append((key, routed, cached_result(routed, hit, self.lane, now_ms)))
+        found: list[Answer] = [
+            (key, routed, cached_result(routed, hit, self.lane, now_ms))
+            for (key, routed), hit in zip(fresh, hits, strict=True)
+            if hit is not None
+        ]
         if found:
             COALESCED.labels(self.lane).inc(len(found))
         return found

@@ -32,8 +32,7 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
     board = BacklogBoard(redis, settings.redis.key_prefix)
     cache = (
         ResponseCache(redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=None)
-        # A forced single path (the bench's baseline) neither reads nor writes it.
-        if settings.cache.enabled and settings.routing.force_path is None
+        if settings.cache_in_use
         else None
     )
     sessions = (

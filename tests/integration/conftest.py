@@ -16,8 +16,9 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from schemas.messages import RoutedRequest
 from schemas.settings import Settings
 from streams.client import LanewayClient
 from streams.embedded import free_port
@@ -138,6 +139,23 @@ async def read_topic(settings: Settings, topic: str, timeout_s: float = 3.0) -> 
         return records
     finally:
         await consumer.stop()
+
+
+async def produce_to_lane(
+    settings: Settings, routed: RoutedRequest, key: str | None = None
+) -> None:
+    """Put a routed request on its lane topic as the classifier would (keyed
+    by its id, or by ``key`` to share another record's partition)."""
+    producer = AIOKafkaProducer(acks="all", **settings.kafka.client_options())
+    await producer.start()
+    try:
+        await producer.send_and_wait(
+            settings.lane_topic(routed.lane),
+            routed.model_dump_json().encode(),
+            key=(key or routed.request.id).encode(),
+        )
+    finally:
+        await producer.stop()
 
 
 def stack_log(stack: Stack) -> str:

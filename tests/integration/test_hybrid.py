@@ -8,7 +8,6 @@ import time
 import uuid
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from schemas.messages import (
     ChatMessage,
@@ -24,7 +23,7 @@ from streams.client import LanewayClient
 from streams.router import RouteBoard
 from streams.sessions import SessionStore
 from streams.supervisor import Stack
-from tests.integration.conftest import read_topic
+from tests.integration.conftest import produce_to_lane, read_topic
 
 
 async def ask_until_cached(
@@ -191,16 +190,7 @@ async def test_a_worker_answers_from_the_cache_what_was_answered_while_it_waited
         produced_at_ms=now,
         routed_at_ms=now,
     )
-    producer = AIOKafkaProducer(acks="all", **settings.kafka.client_options())
-    await producer.start()
-    try:
-        await producer.send_and_wait(
-            settings.lane_topic(Lane.REALTIME),
-            routed.model_dump_json().encode(),
-            key=request.id.encode(),
-        )
-    finally:
-        await producer.stop()
+    await produce_to_lane(settings, routed)
     answer = None
     for _ in range(40):
         replies = await read_topic(settings, client.reply_to)

@@ -39,7 +39,7 @@ from streams.client import LanewayClient
 from streams.embedded import free_port
 from streams.supervisor import Stack
 from streams.topics import create_topics, retry_topic
-from tests.integration.conftest import read_topic, supervised
+from tests.integration.conftest import produce_to_lane, read_topic, supervised
 from tests.integration.test_backends import llama_cpp_server
 from workers.execution import Executor, backend_slots
 from workers.lane_worker import LaneWorker
@@ -258,16 +258,7 @@ async def produce_routed(
         routed_at_ms=now,
         deadline_at_ms=None if deadline_in_ms is None else now + deadline_in_ms,
     )
-    producer = AIOKafkaProducer(acks="all", **settings.kafka.client_options())
-    await producer.start()
-    try:
-        await producer.send_and_wait(
-            settings.lane_topic(Lane.REALTIME),
-            routed.model_dump_json().encode(),
-            key=(key or routed.request.id).encode(),
-        )
-    finally:
-        await producer.stop()
+    await produce_to_lane(settings, routed, key=key)
     return routed
 
 
