@@ -212,6 +212,9 @@ class RoutedRequest(WireModel):
     """The path the policy chose, when flow control sent it down ``path`` instead."""
     history: list[ChatMessage] = Field(default_factory=list)
     """Earlier turns of the request's session, oldest first, put before its own."""
+    explored: bool = False
+    """The router sent it down a path other than the best-scored one, to
+    keep measuring that path (``LANEWAY_ROUTING_EXPLORATION``)."""
 
     def remaining_ms(self, now_ms: int) -> float | None:
         return None if self.deadline_at_ms is None else self.deadline_at_ms - now_ms
@@ -261,6 +264,8 @@ class InferenceResult(WireModel):
     """Served by a fallback path, not the one the router chose."""
     requested_path: Path | None = None
     """The path the router chose, when ``degraded``."""
+    explored: bool = False
+    """The router chose the path to measure it, not for its score."""
 
     @classmethod
     def failure(
@@ -273,6 +278,7 @@ class InferenceResult(WireModel):
         model: str | None = None,
         timings: Timings | None = None,
         batch_id: str | None = None,
+        explored: bool = False,
     ) -> InferenceResult:
         return cls(
             id=request_id,
@@ -283,6 +289,7 @@ class InferenceResult(WireModel):
             model=model,
             timings=timings or Timings(),
             batch_id=batch_id,
+            explored=explored,
         )
 
 

@@ -31,8 +31,8 @@ from streams.embedding import MiniLMEmbedder
 from streams.envelopes import Outbound, deliver, dlq_for
 from streams.faust_transport import new_app, raw_sender, raw_topic
 from streams.flow import FlowController
-from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ProcessState
-from streams.policy import Found
+from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
+from streams.policy import Decision, Found
 from streams.ratelimit import RateLimiter
 from streams.registry import load_registry
 from streams.router import RouteBoard, SmartRouter
@@ -245,8 +245,19 @@ def build_app(
     return app
 
 
+def _choice(decision: Decision) -> str:
+    if decision.forced:
+        return "forced"
+    if decision.requested_path is not None:
+        return "degraded"
+    return "explored" if decision.explored else "scored"
+
+
 def _observe(classified: Classified) -> None:
     RECORDS.labels("classifier", classified.outcome).inc()
+    decision = classified.decision
+    if classified.outcome == "routed" and decision is not None:
+        ROUTED.labels(str(decision.lane), str(decision.path), _choice(decision)).inc()
     result = classified.result
     if result is not None:
         lane, path = str(result.lane or "none"), str(result.path or "none")

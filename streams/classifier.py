@@ -163,6 +163,7 @@ def route(
             produced_ms + request.deadline_ms if request.deadline_ms is not None else None
         ),
         history=list(history),
+        explored=adjusted.explored,
     )
     out = Outbound(
         settings.lane_topic(adjusted.lane), request.id.encode(), routed.model_dump_json().encode()

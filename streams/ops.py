@@ -21,6 +21,7 @@ __all__ = [
     "RECORDS",
     "REDIS_ERRORS",
     "RESULTS",
+    "ROUTED",
     "OpsServer",
     "ProcessState",
 ]
@@ -34,6 +35,11 @@ RESULTS = Counter(
     "laneway_results_total",
     "Terminal results produced, by lane, path and status",
     ["lane", "path", "status", "code"],
+)
+ROUTED = Counter(
+    "laneway_routed_total",
+    "Requests the classifier put on a lane, by lane, path and why the path was chosen",
+    ["lane", "path", "choice"],
 )
 LATENCY = Histogram(
     "laneway_result_latency_seconds",

@@ -307,6 +307,7 @@ class Executor:
                 model=model,
                 timings=timings,
                 batch_id=request.batch_id,
+                explored=routed.explored,
             )
         else:
             result = InferenceResult(
@@ -323,6 +324,7 @@ class Executor:
                 ),
                 timings=timings,
                 batch_id=request.batch_id,
+                explored=routed.explored,
             )
         return Finished(routed, result, failed)
 

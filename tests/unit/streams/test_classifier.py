@@ -154,3 +154,28 @@ def test_a_cache_hit_is_answered_by_the_classifier() -> None:
     assert routed_out.outcome == "routed"
     routed = RoutedRequest.model_validate_json(routed_out.records[0].value)
     assert routed.history == history
+
+
+def test_a_route_chosen_to_explore_is_marked_on_the_lane_record() -> None:
+    import random
+
+    from streams.app import _choice
+    from streams.classifier import route
+    from streams.policy import Found
+    from streams.registry import builtin_registry
+    from streams.router import SmartRouter
+
+    admitted = admit(record(body(prompt="Name a colour.")), now_ms=NOW, settings=SETTINGS)
+    assert isinstance(admitted, Admitted)
+    registry = builtin_registry(SETTINGS.backend)
+    always = SmartRouter(registry, RoutingSettings(exploration=1.0), rng=random.Random(0))
+    never = SmartRouter(registry, SETTINGS.routing)
+    outs = {
+        name: route(admitted, Found(), now_ms=NOW, settings=SETTINGS, router=router)
+        for name, router in (("explored", always), ("scored", never))
+    }
+    for name, out in outs.items():
+        routed = RoutedRequest.model_validate_json(out.records[0].value)
+        assert routed.explored is (name == "explored")
+        assert out.decision is not None and _choice(out.decision) == name
+    assert RoutedRequest.model_validate_json(outs["explored"].records[0].value).path == "heavy"

@@ -247,6 +247,17 @@ async def test_flow_control_moves_are_reported_as_degraded() -> None:
     assert done.result.degraded and done.result.requested_path == "heavy"
 
 
+async def test_an_explored_route_says_so_in_its_result_ok_or_not() -> None:
+    explored = routed("ping", Path.RULES).model_copy(update={"explored": True})
+    executor = Executor(Lane.REALTIME, {Path.RULES: rules_slot()})
+    (done,) = await executor.execute([explored])
+    assert done.result.status == "ok" and done.result.explored
+    failing = Executor(Lane.REALTIME, {})
+    unserved = routed("q", Path.HEAVY).model_copy(update={"explored": True})
+    (failed,) = await failing.execute([unserved])
+    assert failed.result.status == "error" and failed.result.explored
+
+
 async def test_paths_that_failed_before_a_fallback_are_reported_for_the_quality_loop() -> None:
     from schemas.messages import QualityEvent
     from schemas.settings import Settings
