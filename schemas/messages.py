@@ -29,8 +29,10 @@ __all__ = [
     "RoutedRequest",
     "Timings",
     "Usage",
+    "describe_errors",
     "parse_request",
     "peek_reply_address",
+    "peek_routed_address",
 ]
 
 
@@ -123,10 +125,7 @@ def parse_request(raw: bytes, limits: RequestLimits) -> InferenceRequest:
     try:
         request = InferenceRequest.model_validate_json(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in exc.errors()
-        )
-        raise InvalidRequest(f"invalid request: {problems}") from exc
+        raise InvalidRequest(f"invalid request: {describe_errors(exc)}") from exc
     if len(request.id) > limits.max_id_chars:
         raise InvalidRequest(f"id is {len(request.id)} characters, limit {limits.max_id_chars}")
     size = request.text_bytes()
@@ -172,16 +171,44 @@ def _is_reply_topic(topic: str, prefix: str) -> bool:
     return topic == prefix or (topic.startswith(prefix + ".") and len(topic) > len(prefix) + 1)
 
 
+def describe_errors(exc: ValidationError, limit: int = 5) -> str:
+    """``field: what is wrong`` for the first ``limit`` problems, without
+    the values (a prompt never lands in an error message or a header)."""
+    problems = [
+        f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in exc.errors()
+    ]
+    more = f"; and {len(problems) - limit} more" if len(problems) > limit else ""
+    return "; ".join(problems[:limit]) + more
+
+
 def peek_reply_address(raw: bytes, limits: RequestLimits) -> tuple[str, str] | None:
     """Best effort for a record that failed validation: its id and a safe
     reply topic, so the client still hears why. ``None`` when the id cannot be
     read. A foreign ``reply_to`` is never used: the default reply topic is."""
+    data = _json_object(raw)
+    return None if data is None else _address_of(data, limits)
+
+
+def peek_routed_address(raw: bytes, limits: RequestLimits) -> tuple[str, str] | None:
+    """``peek_reply_address`` for a lane record a worker cannot read (one
+    written by a newer classifier, say): the id of its request and its
+    ``reply_to``, held to the same rules."""
+    data = _json_object(raw)
+    request = data.get("request") if data is not None else None
+    if data is None or not isinstance(request, dict):
+        return None
+    return _address_of({**request, "reply_to": data.get("reply_to")}, limits)
+
+
+def _json_object(raw: bytes) -> dict[str, object] | None:
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not isinstance(data, dict):
-        return None
+    return data if isinstance(data, dict) else None
+
+
+def _address_of(data: dict[str, object], limits: RequestLimits) -> tuple[str, str] | None:
     request_id = data.get("id")
     if not isinstance(request_id, str) or not 0 < len(request_id) <= limits.max_id_chars:
         return None

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from schemas.errors import InvalidRequest
-from schemas.messages import Feedback, Lane, Path, QualityEvent
+from schemas.messages import Feedback, Lane, Path, QualityEvent, describe_errors
 from schemas.settings import Settings
 from streams.backlog import LatencyBoard
 from streams.envelopes import Outbound, deliver, dlq_for
@@ -107,7 +107,7 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
         try:
             return model.model_validate_json(event.value or b"")
         except ValidationError as exc:
-            error = InvalidRequest(f"not a {model.__name__}: {exc.errors()[:3]}")
+            error = InvalidRequest(f"not a {model.__name__}: {describe_errors(exc)}")
             await deliver([dlq_for(event.message, error, settings)], send, settings)
             return None
 

@@ -31,8 +31,15 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from prometheus_client import Counter
 from pydantic import ValidationError
 
-from schemas.errors import BackendUnavailable, InvalidRequest
-from schemas.messages import ErrorInfo, InferenceResult, Lane, RoutedRequest
+from schemas.errors import BackendUnavailable
+from schemas.messages import (
+    ErrorInfo,
+    InferenceResult,
+    Lane,
+    RoutedRequest,
+    describe_errors,
+    peek_routed_address,
+)
 from schemas.settings import Settings
 from streams.backlog import BacklogBoard
 from streams.cache import ResponseCache
@@ -250,7 +257,7 @@ class LaneWorker:
             try:
                 routed = RoutedRequest.model_validate_json(record.value or b"")
             except ValidationError as exc:
-                outbound.append(self._reject(record, exc))
+                outbound += self._reject(record, exc)
                 continue
             key = (record.topic, record.partition, record.offset, routed.request.id)
             batch.append((key, routed))
@@ -426,10 +433,26 @@ class LaneWorker:
             settings=self.settings,
         )
 
-    def _reject(self, record: ConsumerRecord, exc: ValidationError) -> Outbound:
+    def _reject(self, record: ConsumerRecord, exc: ValidationError) -> list[Outbound]:
+        """A lane record this worker cannot read goes to the DLQ; when the
+        request's id and reply topic can still be read (a classifier of a
+        newer version wrote it, say), its client hears INF-502 too."""
         RECORDS.labels(f"worker-{self.lane}", "rejected").inc()
-        error = InvalidRequest(f"lane record is not a RoutedRequest: {exc.errors()[:3]}")
-        return dlq_for(record, error, self.settings)
+        raw = record.value or b""
+        error = BackendUnavailable(
+            f"the {self.lane} worker cannot read this routed request, so no path can serve it "
+            f"(the record is on the DLQ): {describe_errors(exc)}"
+        )
+        out = [dlq_for(record, error, self.settings)]
+        address = peek_routed_address(raw, self.settings.request_limits())
+        if address is not None:
+            request_id, reply_to = address
+            result = InferenceResult.failure(request_id, error, lane=self.lane)
+            now_ms = int(time.time() * 1000)
+            out += terminal_records(
+                result, reply_to=reply_to, tenant=None, now_ms=now_ms, settings=self.settings
+            )
+        return out
 
     async def _produce(self, outbound: Sequence[Outbound]) -> None:
         producer = self._producer

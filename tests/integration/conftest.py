@@ -146,14 +146,16 @@ async def produce_to_lane(
 ) -> None:
     """Put a routed request on its lane topic as the classifier would (keyed
     by its id, or by ``key`` to share another record's partition)."""
+    value = routed.model_dump_json().encode()
+    await produce_raw(settings, settings.lane_topic(routed.lane), value, key or routed.request.id)
+
+
+async def produce_raw(settings: Settings, topic: str, value: bytes, key: str) -> None:
+    """One record, as it is, acknowledged by all replicas."""
     producer = AIOKafkaProducer(acks="all", **settings.kafka.client_options())
     await producer.start()
     try:
-        await producer.send_and_wait(
-            settings.lane_topic(routed.lane),
-            routed.model_dump_json().encode(),
-            key=(key or routed.request.id).encode(),
-        )
+        await producer.send_and_wait(topic, value, key=key.encode())
     finally:
         await producer.stop()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import statistics
@@ -39,7 +40,7 @@ from streams.client import LanewayClient
 from streams.embedded import free_port
 from streams.supervisor import Stack
 from streams.topics import create_topics, retry_topic
-from tests.integration.conftest import produce_to_lane, read_topic, supervised
+from tests.integration.conftest import produce_raw, produce_to_lane, read_topic, supervised
 from tests.integration.test_backends import llama_cpp_server
 from workers.execution import Executor, backend_slots
 from workers.lane_worker import LaneWorker
@@ -321,10 +322,12 @@ async def test_a_request_that_keeps_failing_gets_inf_502_and_the_dlq(
     resilient_stack: Stack,
 ) -> None:
     async with worker_on_dead_server(
-        resilient_stack.settings, max_attempts=3, retry_backoff_ms=200, retry_max_backoff_ms=1_000
+        resilient_stack.settings, max_attempts=3, retry_backoff_ms=2_000, retry_max_backoff_ms=2_000
     ) as own:
         doomed = await produce_routed(own)
-        hurried = await produce_routed(own, deadline_in_ms=150)  # no time for a 200 ms backoff
+        # No time for a 2 s backoff, and time enough to be run: a 150 ms
+        # deadline once passed before the worker got to it (INF-503 instead).
+        hurried = await produce_routed(own, deadline_in_ms=1_800)
         replies = await wait_for(
             own,
             own.replies_topic,
@@ -361,6 +364,36 @@ async def test_a_request_that_keeps_failing_gets_inf_502_and_the_dlq(
     assert "no time before the deadline" in rushed.error.message
     assert not [r for r in retries if keyed(hurried.request.id)(r)]
     assert not [r for r in dead if keyed(hurried.request.id)(r)]
+
+
+async def test_a_lane_record_the_worker_cannot_read_is_answered_and_kept(
+    resilient_stack: Stack,
+) -> None:
+    """A lane record written by a classifier of a newer version: its client
+    hears INF-502 at once and the record waits on the DLQ; bytes that name
+    no request only go to the DLQ; the partition keeps moving."""
+    async with worker_on_dead_server(resilient_stack.settings) as own:
+        rid = f"newer-{uuid.uuid4().hex[:8]}"
+        newer = {
+            "schema_version": 2,
+            "request": {"id": rid, "prompt": "What is 2+2?"},
+            "reply_to": own.replies_topic,
+        }
+        lane_topic = own.lane_topic(Lane.REALTIME)
+        await produce_raw(own, lane_topic, json.dumps(newer).encode(), key=rid)
+        await produce_raw(own, lane_topic, b"\x00 not json", key=rid)
+        behind = await produce_routed(own, path=Path.RULES, prompt="ping", key=rid)
+        (pong,) = await wait_for(own, own.replies_topic, keyed(behind.request.id), timeout_s=30)
+        dead = await wait_for(own, own.topic("dlq"), keyed(rid), count=2, timeout_s=15)
+        replies = [r for r in await read_topic(own, own.replies_topic) if keyed(rid)(r)]
+    assert InferenceResult.model_validate_json(pong.value).output == "pong"
+    (reply,) = replies
+    result = InferenceResult.model_validate_json(reply.value)
+    assert result.error is not None and result.error.code == ErrorCode.BACKEND_UNAVAILABLE
+    assert "cannot read this routed request" in result.error.message
+    assert "schema_version" in result.error.message and result.error.retryable
+    assert [dict(r.headers)["laneway-error-code"] for r in dead] == [b"INF-502", b"INF-502"]
+    assert {r.value for r in dead} == {json.dumps(newer).encode(), b"\x00 not json"}
 
 
 # -- a lane worker's partition state across a rebalance -------------------------

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from schemas.errors import ErrorCode, InvalidRequest
 from schemas.messages import (
@@ -8,8 +9,10 @@ from schemas.messages import (
     InferenceResult,
     QualityEvent,
     RequestLimits,
+    describe_errors,
     parse_request,
     peek_reply_address,
+    peek_routed_address,
 )
 
 LIMITS = RequestLimits()
@@ -183,3 +186,31 @@ def test_tenants_can_be_confined_to_their_own_reply_topics() -> None:
     assert peek_reply_address(refused, strict) == ("req-1", "laneway.replies")
     own = raw(tenant="acme", reply_to="laneway.replies.acme", max_tokens=0)
     assert peek_reply_address(own, strict) == ("req-1", "laneway.replies.acme")
+
+
+def test_a_lane_record_a_worker_cannot_read_still_names_its_client() -> None:
+    newer = {
+        "schema_version": 2,
+        "request": {"id": "req-7", "prompt": "hi", "tenant": "acme"},
+        "reply_to": "laneway.replies.acme",
+    }
+    assert peek_routed_address(json.dumps(newer).encode(), LIMITS) == (
+        "req-7",
+        "laneway.replies.acme",
+    )
+    foreign = {**newer, "reply_to": "orders.created"}
+    assert peek_routed_address(json.dumps(foreign).encode(), LIMITS) == (
+        "req-7",
+        "laneway.replies",
+    )
+    for unreadable in (b"\xff", b"[]", b'{"request": "req-7"}', b'{"request": {"id": 7}}'):
+        assert peek_routed_address(unreadable, LIMITS) is None
+
+
+def test_validation_problems_are_described_without_their_values() -> None:
+    secret = "my card is 4111 1111 1111 1111"
+    with pytest.raises(ValidationError) as caught:
+        InferenceRequest.model_validate({"id": 5, "prompt": secret, "max_tokens": "x"})
+    text = describe_errors(caught.value)
+    assert "id: " in text and "max_tokens: " in text and "4111" not in text
+    assert describe_errors(caught.value, limit=1).endswith("; and 1 more")
