@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from schemas.errors import ErrorCode
 from schemas.messages import InferenceResult, Lane, Path, QualityEvent, RoutedRequest, Timings
 from schemas.settings import Settings
 from streams.cache import CacheHit, ResponseCache
@@ -16,7 +17,7 @@ from streams.envelopes import Outbound
 from streams.sessions import SessionStore, context_digest
 from workers.execution import Finished
 
-__all__ = ["Remember", "attempt_events", "cached_result"]
+__all__ = ["Remember", "attempt_event", "attempt_events", "cached_result"]
 
 
 class Remember:
@@ -44,25 +45,32 @@ def attempt_events(finished: Finished, settings: Settings) -> list[Outbound]:
     """A quality event per path that failed this request before another
     served it (or before it failed for good): the router must learn of a
     failing path even when the fallback hides it from the client."""
-    result = finished.result
-    now_ms = int(time.time() * 1000)
-    out = []
-    for path, error in finished.failed:
-        event = QualityEvent(
-            kind="attempt",
-            id=result.id,
-            tenant=finished.routed.request.tenant,
-            lane=result.lane,
-            path=Path(path),
-            success=False,
-            error_code=error.code,
-            latency_ms=result.timings.total_ms,
-            ts_ms=now_ms,
-        )
-        out.append(
-            Outbound(settings.topic("quality"), path.encode(), event.model_dump_json().encode())
-        )
-    return out
+    return [
+        attempt_event(finished.routed, finished.result, Path(path), error.code, settings)
+        for path, error in finished.failed
+    ]
+
+
+def attempt_event(
+    routed: RoutedRequest,
+    result: InferenceResult,
+    path: Path,
+    error_code: ErrorCode,
+    settings: Settings,
+) -> Outbound:
+    """One failed attempt on ``path``, for the quality loop."""
+    event = QualityEvent(
+        kind="attempt",
+        id=result.id,
+        tenant=routed.request.tenant,
+        lane=result.lane,
+        path=path,
+        success=False,
+        error_code=error_code,
+        latency_ms=result.timings.total_ms,
+        ts_ms=int(time.time() * 1000),
+    )
+    return Outbound(settings.topic("quality"), path.encode(), event.model_dump_json().encode())
 
 
 def cached_result(routed: RoutedRequest, hit: CacheHit, lane: Lane, now_ms: int) -> InferenceResult:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 import uuid
@@ -31,35 +30,19 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from prometheus_client import Counter
 from pydantic import ValidationError
 
-from schemas.errors import BackendUnavailable
-from schemas.messages import (
-    ErrorInfo,
-    InferenceResult,
-    Lane,
-    RoutedRequest,
-    describe_errors,
-    peek_routed_address,
-)
+from schemas.messages import InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.backlog import BacklogBoard
 from streams.cache import ResponseCache
-from streams.envelopes import Outbound, deliver, dlq_for, terminal_records
+from streams.envelopes import Outbound, deliver
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.sessions import context_digest
 from workers.answered import attempt_events, cached_result
 from workers.batcher import collect_batch
 from workers.execution import Executor, backend_slots
 from workers.result_store import RecordKey, ResultStore
-from workers.retry import (
-    ATTEMPT_HEADER,
-    Exhausted,
-    Park,
-    RetryRelay,
-    is_retryable,
-    plan_retry,
-    read_mark,
-    retry_record,
-)
+from workers.retry import RetryRelay
+from workers.settle import Answer, give_up, reject_unreadable, settle_failures, terminal_for
 
 __all__ = ["AnsweredHook", "LaneWorker"]
 
@@ -69,14 +52,6 @@ AnsweredHook = Callable[[Sequence[tuple[RoutedRequest, InferenceResult]]], Await
 """Called with a batch's fresh answers once they are acknowledged (cache
 store, session history). It must not raise and must be idempotent: a
 redelivered batch calls it again."""
-
-Answer = tuple[RecordKey, RoutedRequest, InferenceResult]
-
-RETRIES = Counter(
-    "laneway_retries_total",
-    "Requests no backend could serve: parked for another attempt, or given up",
-    ["lane", "outcome"],
-)
 
 COALESCED = Counter(
     "laneway_cache_late_hits_total",
@@ -257,7 +232,7 @@ class LaneWorker:
             try:
                 routed = RoutedRequest.model_validate_json(record.value or b"")
             except ValidationError as exc:
-                outbound += self._reject(record, exc)
+                outbound += reject_unreadable(record, exc, self.settings, self.lane)
                 continue
             key = (record.topic, record.partition, record.offset, routed.request.id)
             batch.append((key, routed))
@@ -272,7 +247,7 @@ class LaneWorker:
         limit = self.settings.max_attempts
         poisoned = [(key, routed) for key, routed in fresh if attempts.get(key, 0) > limit]
         fresh = [(key, routed) for key, routed in fresh if attempts.get(key, 0) <= limit]
-        outbound += self._give_up(poisoned, records, limit)
+        outbound += give_up(poisoned, records, self.settings, self.lane)
         answers: list[Answer] = await self._answered_meanwhile(fresh)
         done = {key for key, _, _ in answers}
         fresh = [(key, routed) for key, routed in fresh if key not in done]
@@ -282,7 +257,7 @@ class LaneWorker:
         answers += [
             (key, item.routed, item.result) for (key, _), item in zip(fresh, finished, strict=True)
         ]
-        answers, parked, retry_out = self._retry_or_answer(answers, records)
+        answers, parked, retry_out = settle_failures(answers, records, self.settings, self.lane)
         outbound += retry_out
         replayed = [(key, routed, stored[key]) for key, routed in batch if key in stored]
         if replayed:
@@ -295,7 +270,7 @@ class LaneWorker:
 
         now_ms = int(time.time() * 1000)
         for _, routed, result in answers + replayed:
-            outbound += self._terminal(result, routed, now_ms)
+            outbound += terminal_for(result, routed, now_ms, self.settings)
         # Kept before they are sent: whatever happens after this point, a
         # redelivery repeats these results rather than computing new ones.
         if self.store is not None:
@@ -337,122 +312,6 @@ class LaneWorker:
         if found:
             COALESCED.labels(self.lane).inc(len(found))
         return found
-
-    def _retry_or_answer(
-        self, answers: list[Answer], records: Sequence[ConsumerRecord]
-    ) -> tuple[list[Answer], list[RecordKey], list[Outbound]]:
-        """Take the failures no backend could serve out of ``answers``: each
-        is parked on the retry topic while attempts and deadline allow.
-        The last attempt's failure stays the client's answer and its record
-        goes to the DLQ. Returns the answers left, the parked records and
-        the records to produce for them."""
-        by_offset = {(r.topic, r.partition, r.offset): r for r in records}
-        now_ms = int(time.time() * 1000)
-        left: list[Answer] = []
-        parked: list[RecordKey] = []
-        outbound: list[Outbound] = []
-        for key, routed, result in answers:
-            if not is_retryable(result) or result.error is None:
-                left.append((key, routed, result))
-                continue
-            record = by_offset[key[:3]]
-            attempt = read_mark(record.headers).attempt
-            plan = plan_retry(
-                attempt,
-                now_ms=now_ms,
-                deadline_at_ms=routed.deadline_at_ms,
-                max_attempts=self.settings.max_attempts,
-                base_ms=self.settings.retry_backoff_ms,
-                max_backoff_ms=self.settings.retry_max_backoff_ms,
-            )
-            if isinstance(plan, Park):
-                RETRIES.labels(self.lane, "parked").inc()
-                log.info(
-                    "%s: %s parked for attempt %d in %d ms: %s",
-                    self.lane,
-                    routed.request.id,
-                    plan.mark.attempt,
-                    plan.mark.not_before_ms - now_ms,
-                    result.error.message,
-                )
-                outbound.append(retry_record(record, plan.mark, result, self.settings, self.lane))
-                parked.append(key)
-                continue
-            if isinstance(plan, Exhausted):
-                RETRIES.labels(self.lane, "exhausted").inc()
-                note = f"attempt {attempt} of {self.settings.max_attempts}; moved to the DLQ"
-            else:
-                RETRIES.labels(self.lane, "out_of_time").inc()
-                note = f"attempt {attempt}; no time before the deadline for another"
-            error = BackendUnavailable(f"{result.error.message} ({note})")
-            result = result.model_copy(update={"error": ErrorInfo.from_error(error)})
-            if isinstance(plan, Exhausted):
-                dead = dlq_for(record, error, self.settings)
-                attempts = ((ATTEMPT_HEADER, str(attempt).encode()),)
-                outbound.append(dataclasses.replace(dead, headers=dead.headers + attempts))
-            left.append((key, routed, result))
-        return left, parked, outbound
-
-    def _give_up(
-        self,
-        poisoned: list[tuple[RecordKey, RoutedRequest]],
-        records: Sequence[ConsumerRecord],
-        limit: int,
-    ) -> list[Outbound]:
-        """Records that crashed the worker ``limit`` times: to the DLQ, and
-        an INF-502 result to their clients."""
-        by_key = {(r.topic, r.partition, r.offset): r for r in records}
-        outbound: list[Outbound] = []
-        now_ms = int(time.time() * 1000)
-        for key, routed in poisoned:
-            record = by_key[key[:3]]
-            error = BackendUnavailable(
-                f"processing this request failed {limit} times; it was moved to the DLQ"
-            )
-            log.error("%s: poison record %s:%s:%s moved to the DLQ", self.lane, *key[:3])
-            RECORDS.labels(f"worker-{self.lane}", "poisoned").inc()
-            outbound.append(dlq_for(record, error, self.settings))
-            result = InferenceResult.failure(
-                routed.request.id,
-                error,
-                lane=self.lane,
-                path=routed.path,
-                batch_id=routed.request.batch_id,
-            )
-            outbound += self._terminal(result, routed, now_ms)
-        return outbound
-
-    def _terminal(
-        self, result: InferenceResult, routed: RoutedRequest, now_ms: int
-    ) -> list[Outbound]:
-        return terminal_records(
-            result,
-            reply_to=routed.reply_to,
-            tenant=routed.request.tenant,
-            now_ms=now_ms,
-            settings=self.settings,
-        )
-
-    def _reject(self, record: ConsumerRecord, exc: ValidationError) -> list[Outbound]:
-        """A lane record this worker cannot read goes to the DLQ; when the
-        request's id and reply topic can still be read (a classifier of a
-        newer version wrote it, say), its client hears INF-502 too."""
-        RECORDS.labels(f"worker-{self.lane}", "rejected").inc()
-        raw = record.value or b""
-        error = BackendUnavailable(
-            f"the {self.lane} worker cannot read this routed request, so no path can serve it "
-            f"(the record is on the DLQ): {describe_errors(exc)}"
-        )
-        out = [dlq_for(record, error, self.settings)]
-        address = peek_routed_address(raw, self.settings.request_limits())
-        if address is not None:
-            request_id, reply_to = address
-            result = InferenceResult.failure(request_id, error, lane=self.lane)
-            now_ms = int(time.time() * 1000)
-            out += terminal_records(
-                result, reply_to=reply_to, tenant=None, now_ms=now_ms, settings=self.settings
-            )
-        return out
 
     async def _produce(self, outbound: Sequence[Outbound]) -> None:
         producer = self._producer

@@ -1,0 +1,177 @@
+"""What a lane worker produces for the requests a model did not simply
+answer: failures parked on the retry topic or given up (INF-502 and the
+DLQ), poison records, and lane records it cannot read. Pure functions of a
+batch; the worker produces what they return and commits after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+
+from aiokafka import ConsumerRecord
+from prometheus_client import Counter
+from pydantic import ValidationError
+
+from schemas.errors import BackendUnavailable
+from schemas.messages import (
+    ErrorInfo,
+    InferenceResult,
+    Lane,
+    RoutedRequest,
+    describe_errors,
+    peek_routed_address,
+)
+from schemas.settings import Settings
+from streams.envelopes import Outbound, dlq_for, terminal_records
+from streams.ops import RECORDS
+from workers.answered import attempt_event
+from workers.result_store import RecordKey
+from workers.retry import (
+    ATTEMPT_HEADER,
+    Exhausted,
+    Park,
+    is_retryable,
+    plan_retry,
+    read_mark,
+    retry_record,
+)
+
+__all__ = ["Answer", "give_up", "reject_unreadable", "settle_failures", "terminal_for"]
+
+log = logging.getLogger(__name__)
+
+Answer = tuple[RecordKey, RoutedRequest, InferenceResult]
+
+RETRIES = Counter(
+    "laneway_retries_total",
+    "Requests no backend could serve: parked for another attempt, or given up",
+    ["lane", "outcome"],
+)
+
+
+def settle_failures(
+    answers: list[Answer], records: Sequence[ConsumerRecord], settings: Settings, lane: Lane
+) -> tuple[list[Answer], list[RecordKey], list[Outbound]]:
+    """Take the failures no backend could serve out of ``answers``: each
+    is parked on the retry topic while attempts and deadline allow.
+    The last attempt's failure stays the client's answer and its record
+    goes to the DLQ. Returns the answers left, the parked records and
+    the records to produce for them."""
+    by_offset = {(r.topic, r.partition, r.offset): r for r in records}
+    now_ms = int(time.time() * 1000)
+    left: list[Answer] = []
+    parked: list[RecordKey] = []
+    outbound: list[Outbound] = []
+    for key, routed, result in answers:
+        if not is_retryable(result) or result.error is None:
+            left.append((key, routed, result))
+            continue
+        record = by_offset[key[:3]]
+        attempt = read_mark(record.headers).attempt
+        plan = plan_retry(
+            attempt,
+            now_ms=now_ms,
+            deadline_at_ms=routed.deadline_at_ms,
+            max_attempts=settings.max_attempts,
+            base_ms=settings.retry_backoff_ms,
+            max_backoff_ms=settings.retry_max_backoff_ms,
+        )
+        if isinstance(plan, Park):
+            RETRIES.labels(lane, "parked").inc()
+            log.info(
+                "%s: %s parked for attempt %d in %d ms: %s",
+                lane,
+                routed.request.id,
+                plan.mark.attempt,
+                plan.mark.not_before_ms - now_ms,
+                result.error.message,
+            )
+            outbound.append(retry_record(record, plan.mark, result, settings, lane))
+            # The router hears of the failure now, not when the last attempt ends.
+            path = result.path or routed.path
+            outbound.append(attempt_event(routed, result, path, result.error.code, settings))
+            parked.append(key)
+            continue
+        if isinstance(plan, Exhausted):
+            RETRIES.labels(lane, "exhausted").inc()
+            note = f"attempt {attempt} of {settings.max_attempts}; moved to the DLQ"
+        else:
+            RETRIES.labels(lane, "out_of_time").inc()
+            note = f"attempt {attempt}; no time before the deadline for another"
+        error = BackendUnavailable(f"{result.error.message} ({note})")
+        result = result.model_copy(update={"error": ErrorInfo.from_error(error)})
+        if isinstance(plan, Exhausted):
+            dead = dlq_for(record, error, settings)
+            attempts = ((ATTEMPT_HEADER, str(attempt).encode()),)
+            outbound.append(dataclasses.replace(dead, headers=dead.headers + attempts))
+        left.append((key, routed, result))
+    return left, parked, outbound
+
+
+def give_up(
+    poisoned: list[tuple[RecordKey, RoutedRequest]],
+    records: Sequence[ConsumerRecord],
+    settings: Settings,
+    lane: Lane,
+) -> list[Outbound]:
+    """Records that crashed the worker ``max_attempts`` times: to the DLQ,
+    and an INF-502 result to their clients."""
+    by_key = {(r.topic, r.partition, r.offset): r for r in records}
+    outbound: list[Outbound] = []
+    now_ms = int(time.time() * 1000)
+    for key, routed in poisoned:
+        record = by_key[key[:3]]
+        error = BackendUnavailable(
+            f"processing this request failed {settings.max_attempts} times; it was moved to the DLQ"
+        )
+        log.error("%s: poison record %s:%s:%s moved to the DLQ", lane, *key[:3])
+        RECORDS.labels(f"worker-{lane}", "poisoned").inc()
+        outbound.append(dlq_for(record, error, settings))
+        result = InferenceResult.failure(
+            routed.request.id,
+            error,
+            lane=lane,
+            path=routed.path,
+            batch_id=routed.request.batch_id,
+        )
+        outbound += terminal_for(result, routed, now_ms, settings)
+    return outbound
+
+
+def reject_unreadable(
+    record: ConsumerRecord, exc: ValidationError, settings: Settings, lane: Lane
+) -> list[Outbound]:
+    """A lane record the worker cannot read goes to the DLQ; when the
+    request's id and reply topic can still be read (a classifier of a newer
+    version wrote it, say), its client hears INF-502 too."""
+    RECORDS.labels(f"worker-{lane}", "rejected").inc()
+    error = BackendUnavailable(
+        f"the {lane} worker cannot read this routed request, so no path can serve it "
+        f"(the record is on the DLQ): {describe_errors(exc)}"
+    )
+    out = [dlq_for(record, error, settings)]
+    address = peek_routed_address(record.value or b"", settings.request_limits())
+    if address is not None:
+        request_id, reply_to = address
+        result = InferenceResult.failure(request_id, error, lane=lane)
+        now_ms = int(time.time() * 1000)
+        out += terminal_records(
+            result, reply_to=reply_to, tenant=None, now_ms=now_ms, settings=settings
+        )
+    return out
+
+
+def terminal_for(
+    result: InferenceResult, routed: RoutedRequest, now_ms: int, settings: Settings
+) -> list[Outbound]:
+    """The records of ``result``, the answer to ``routed``."""
+    return terminal_records(
+        result,
+        reply_to=routed.reply_to,
+        tenant=routed.request.tenant,
+        now_ms=now_ms,
+        settings=settings,
+    )
