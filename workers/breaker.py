@@ -3,6 +3,7 @@
     closed ──(``failures`` failed batches within ``window_s``)──► open
     open ──(``cooldown_s`` passed)──► half-open: one probe batch is let through
     half-open ──probe succeeds──► closed      half-open ──probe fails──► open
+    any state ──``trip()`` (a CUDA error)──► open
 
 While a path's breaker is open the executor sends its requests down the
 next eligible path instead of waiting on a backend that keeps failing.
@@ -54,6 +55,13 @@ class CircuitBreaker:
             self._probing = True
             return True
         return False
+
+    def trip(self) -> None:
+        """Open now, whatever the count: the backend is known to be broken
+        (a CUDA error). The half-open probe after the cooldown still applies."""
+        self._opened_at = self._clock()
+        self._probing = False
+        self._failures.clear()
 
     def record(self, ok: bool) -> None:
         now = self._clock()

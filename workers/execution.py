@@ -10,7 +10,9 @@ Each path's backend sits behind a circuit breaker. Requests that fail for
 the backend's sake (INF-502, CUDA-ERR, MEM-ERR after the batch was split in
 halves down to single requests), or whose breaker is open, go down the next
 eligible path (heavy <-> light) and come back marked ``degraded`` with the
-path the router chose; INF-502 only when no path can serve.
+path the router chose; INF-502 only when no path can serve. A CUDA error
+opens the breaker at once and drops the loaded backend: the probe after the
+cooldown loads it again.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
+
+from prometheus_client import Gauge
 
 from schemas.errors import (
     BackendUnavailable,
@@ -44,9 +48,16 @@ from workers.backends.base import (
 from workers.batcher import run_batch
 from workers.breaker import CircuitBreaker
 
-__all__ = ["BackendSlot", "Executor", "backend_slots"]
+__all__ = ["BREAKER_STATE", "BackendSlot", "Executor", "backend_slots"]
 
 log = logging.getLogger(__name__)
+
+BREAKER_STATE = Gauge(
+    "laneway_backend_breaker_state",
+    "Circuit breaker of a path's backend, as the worker last saw it: 0 closed, 1 half-open, 2 open",
+    ["lane", "path"],
+)
+BREAKER_LEVELS = {"closed": 0, "half-open": 1, "open": 2}
 
 
 def _now_ms() -> float:
@@ -96,6 +107,18 @@ class BackendSlot:
             self.backend, self._error = backend, None
             log.info("backend %s loaded", self.label)
             return backend
+
+    async def mark_unhealthy(self, error: LanewayError) -> None:
+        """A CUDA error leaves the device in an unknown state: the breaker
+        opens at once and the loaded backend is dropped, so the half-open
+        probe after the cooldown runs on a freshly loaded one."""
+        self.breaker.trip()
+        log.error("backend %s marked unhealthy: %s", self.label, error.message)
+        async with self._lock:
+            if self.backend is not None:
+                with contextlib.suppress(Exception):
+                    await self.backend.close()
+                self.backend = None
 
     async def close(self) -> None:
         if self.backend is not None:
@@ -209,6 +232,7 @@ class Executor:
                 continue
             if not slot.breaker.allow():
                 skipped.append(f"{candidate} circuit open")
+                BREAKER_STATE.labels(self.lane, candidate).set(BREAKER_LEVELS[slot.breaker.state])
                 continue
             started_ms = _now_ms()
             try:
@@ -217,7 +241,12 @@ class Executor:
                 slot.breaker.record(ok=False)  # a half-open probe must never stay open
                 raise
             inference_ms = _now_ms() - started_ms
-            slot.breaker.record(ok=not all(_backend_failed(o) for o in outcomes))
+            cuda = next((o for o in outcomes if isinstance(o, CudaFailure)), None)
+            if cuda is not None:
+                await slot.mark_unhealthy(cuda)
+            else:
+                slot.breaker.record(ok=not all(_backend_failed(o) for o in outcomes))
+            BREAKER_STATE.labels(self.lane, candidate).set(BREAKER_LEVELS[slot.breaker.state])
             still: list[int] = []
             for i, outcome in zip(pending, outcomes, strict=True):
                 if _backend_failed(outcome):

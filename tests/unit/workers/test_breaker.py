@@ -58,3 +58,18 @@ def test_failed_probe_reopens_for_another_cooldown() -> None:
     assert b.state == "open"
     clock.now = 11
     assert b.state == "half-open"
+
+
+def test_a_trip_opens_at_once_and_still_probes_after_the_cooldown() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    b.trip()
+    assert b.state == "open" and not b.allow()
+    clock.now = 5
+    assert b.state == "half-open" and b.allow() and not b.allow()  # one probe
+    b.trip()  # the probe hit the same error
+    assert b.state == "open"
+    clock.now = 10
+    assert b.allow()
+    b.record(ok=True)
+    assert b.state == "closed"

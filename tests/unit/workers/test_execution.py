@@ -192,6 +192,38 @@ async def test_failing_path_falls_back_and_its_breaker_opens() -> None:
     assert done.result.degraded and len(heavy.seen) == calls  # the open circuit is skipped
 
 
+async def test_a_cuda_error_opens_the_breaker_at_once_and_reloads_the_backend() -> None:
+    from workers.breaker import CircuitBreaker
+    from workers.execution import BREAKER_STATE
+
+    class Clock:
+        now = 0.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    loads: list[Exploding] = []
+
+    def load() -> Exploding:
+        loads.append(Exploding(RuntimeError("CUDA error: an illegal memory access")))
+        return loads[-1]
+
+    breaker = CircuitBreaker(failures=5, window_s=30, cooldown_s=10, clock=clock)
+    heavy = BackendSlot(load, retry_s=60, label="heavy=vllm:x", breaker=breaker)
+    executor = Executor(Lane.MEDIUM, {Path.HEAVY: heavy, Path.LIGHT: rules_slot()})
+    (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+    assert done.result.status == "ok" and done.result.path == "light" and done.result.degraded
+    assert [e.code for _, e in done.failed] == ["CUDA-ERR"]
+    assert breaker.state == "open" and heavy.backend is None  # one error was enough
+    assert BREAKER_STATE.labels(Lane.MEDIUM, Path.HEAVY)._value.get() == 2
+    (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+    assert done.result.degraded and len(loads) == 1 and len(loads[0].seen) == 1  # skipped
+    clock.now = 10  # the half-open probe runs on a backend loaded afresh
+    (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+    assert len(loads) == 2 and len(loads[1].seen) == 1 and breaker.state == "open"
+
+
 async def test_no_path_left_is_inf_502_naming_why() -> None:
     heavy = Exploding(RuntimeError("connection refused"))
     slots = {Path.HEAVY: slot_of(heavy)}
