@@ -24,6 +24,7 @@ __all__ = [
     "KafkaSettings",
     "LaneSettings",
     "LimitsSettings",
+    "PrewarmSettings",
     "RateLimitSettings",
     "RedisSettings",
     "RoutingSettings",
@@ -318,6 +319,31 @@ class SessionSettings(BaseSettings):
     ttl_s: int = Field(default=3_600, ge=1)
 
 
+class PrewarmSettings(BaseSettings):
+    """Hot questions and the nightly cache pre-warm (``streams.prewarm``)."""
+
+    model_config = _config("LANEWAY_PREWARM_")
+
+    track: bool = True
+    """The classifier counts cacheable questions per day in Redis."""
+    track_max: int = Field(default=10_000, ge=10)
+    """Distinct questions kept per day; the least asked leave first."""
+    flush_interval_s: float = Field(default=5.0, gt=0)
+    """How often the classifier adds its counts to Redis (one round trip)."""
+    days: int = Field(default=7, ge=1, le=62)
+    """History the pre-warm ranks questions over (daily counts expire after it)."""
+    top: int = Field(default=200, ge=1)
+    """At most this many hot questions are warmed per run."""
+    min_count: int = Field(default=3, ge=1)
+    """Asked fewer times than this over ``days``: not hot."""
+    refresh_below_s: int = Field(default=21_600, ge=0)
+    """An entry with more time to live than this is left alone."""
+    concurrency: int = Field(default=8, ge=1)
+    """Pre-warm requests in flight at once (they ride the bulk lane)."""
+    timeout_s: float = Field(default=900.0, gt=0)
+    """How long one pre-warm request may take before it counts as failed."""
+
+
 class DriftSettings(BaseSettings):
     """Feature drift against a baseline (``streams.drift``)."""
 
@@ -391,6 +417,7 @@ class Settings(BaseSettings):
     rules: RulesSettings = Field(default_factory=RulesSettings)
     session: SessionSettings = Field(default_factory=SessionSettings)
     drift: DriftSettings = Field(default_factory=DriftSettings)
+    prewarm: PrewarmSettings = Field(default_factory=PrewarmSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     flow: FlowSettings = Field(default_factory=FlowSettings)
     backend: BackendSettings = Field(default_factory=BackendSettings)

@@ -31,6 +31,7 @@ from streams.embedding import MiniLMEmbedder
 from streams.envelopes import Outbound, deliver, dlq_for
 from streams.faust_transport import new_app, raw_sender, raw_topic
 from streams.flow import FlowController
+from streams.hot_questions import HotQuestions
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
 from streams.policy import Decision, Found
 from streams.ratelimit import RateLimiter
@@ -58,6 +59,9 @@ class Lookups:
         self.cache = ResponseCache(
             redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=embedder
         )
+        self.hot = HotQuestions(
+            redis, settings.prewarm, settings.cache, key_prefix=settings.redis.key_prefix
+        )
 
     async def find(self, admitted: Admitted) -> tuple[Found, list[ChatMessage]]:
         """What cache, rules and the session say about the request."""
@@ -70,7 +74,9 @@ class Lookups:
         classified = book.classify(text)
         hit = None
         if settings.cache_in_use:
-            hit = await self.cache.lookup(request, context_digest(history))
+            context = context_digest(history)
+            self.hot.note(request, context)
+            hit = await self.cache.lookup(request, context)
         rule = None
         if hit is None and settings.routing.rules_enabled:
             match = book.match(text, classified=classified)
@@ -200,6 +206,10 @@ def build_app(
     async def sync_cache() -> None:
         if lookups.semantic:
             await lookups.cache.sync()
+
+    @app.timer(settings.prewarm.flush_interval_s)
+    async def count_hot_questions() -> None:
+        await lookups.hot.flush()
 
     @app.timer(settings.drift.interval_s)
     async def watch_drift() -> None:

@@ -77,6 +77,14 @@ def _parser() -> argparse.ArgumentParser:
         "--settle-s", type=float, default=5.0, help="--overload: pause between steps"
     )
 
+    prewarm = sub.add_parser(
+        "prewarm", help="refresh the cache entries of the most asked questions (nightly)"
+    )
+    prewarm.add_argument("--top", type=int, help="at most this many (LANEWAY_PREWARM_TOP)")
+    prewarm.add_argument("--min-count", type=int, help="asked at least this often")
+    prewarm.add_argument("--days", type=int, help="ranked over this many days")
+    prewarm.add_argument("--json", action="store_true", help="print the report as JSON")
+
     sub.add_parser("demo", help="start the embedded stack, ask a question on every lane, stop")
     return parser
 
@@ -212,6 +220,20 @@ def _bench(settings: Settings, args: argparse.Namespace) -> int:
     return run_bench(settings, args)
 
 
+def _prewarm(settings: Settings, args: argparse.Namespace) -> int:
+    import json
+
+    from streams.prewarm import format_report, prewarm
+
+    chosen = {"top": args.top, "min_count": args.min_count, "days": args.days}
+    options = settings.prewarm.model_copy(
+        update={name: value for name, value in chosen.items() if value is not None}
+    )
+    report = asyncio.run(prewarm(settings.model_copy(update={"prewarm": options})))
+    print(json.dumps(report.as_dict()) if args.json else format_report(report))
+    return 1 if report.failed else 0
+
+
 def _demo(settings: Settings, args: argparse.Namespace) -> int:
     from streams.demo import run_demo
 
@@ -226,6 +248,7 @@ _COMMANDS = {
     "up": _up,
     "ask": _ask,
     "bench": _bench,
+    "prewarm": _prewarm,
     "demo": _demo,
 }
 
