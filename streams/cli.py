@@ -229,7 +229,11 @@ def _prewarm(settings: Settings, args: argparse.Namespace) -> int:
     options = settings.prewarm.model_copy(
         update={name: value for name, value in chosen.items() if value is not None}
     )
-    report = asyncio.run(prewarm(settings.model_copy(update={"prewarm": options})))
+    try:
+        report = asyncio.run(prewarm(settings.model_copy(update={"prewarm": options})))
+    except ValueError as exc:
+        print(f"laneway prewarm: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
     return 1 if report.failed else 0
 

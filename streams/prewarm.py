@@ -96,6 +96,11 @@ async def prewarm(
     started = time.monotonic()
     now_s = time.time() if now_s is None else now_s
     options = settings.prewarm
+    if options.refresh_below_s >= settings.cache.ttl_s:
+        raise ValueError(
+            f"LANEWAY_PREWARM_REFRESH_BELOW_S ({options.refresh_below_s}) must be below "
+            f"LANEWAY_CACHE_TTL_S ({settings.cache.ttl_s}): no entry could ever be fresh"
+        )
     report = PrewarmReport(day=day_of(now_s))
     redis = settings.redis.client()
     try:

@@ -1,0 +1,39 @@
+"""The pre-warm's arithmetic and its refusal of settings that cannot work."""
+
+import pytest
+
+from schemas.errors import RateLimited
+from schemas.messages import InferenceResult, Path
+from schemas.settings import CacheSettings, PrewarmSettings, Settings
+from streams.hot_questions import HotQuestion
+from streams.prewarm import PrewarmReport, _tally, coverage, format_report, prewarm
+
+HOT = [HotQuestion("a", 6, "{}"), HotQuestion("b", 3, "{}"), HotQuestion("c", 1, "{}")]
+
+
+def test_coverage_weighs_questions_by_how_often_they_are_asked() -> None:
+    assert coverage(HOT, {"a"}) == 0.6
+    assert coverage(HOT, {"a", "b", "c"}) == 1.0
+    assert coverage([], set()) == 1.0
+
+
+def test_results_are_tallied_by_what_answered_them() -> None:
+    def ok(path: Path) -> InferenceResult:
+        return InferenceResult(id="x", status="ok", output="y", path=path)
+
+    shed = InferenceResult.failure("x", RateLimited("bulk paused", retry_after_ms=500))
+    due = [HotQuestion(k, 3, "{}") for k in "abcde"]
+    report = PrewarmReport(day="20261203")
+    results = [ok(Path.LIGHT), ok(Path.HEAVY), ok(Path.RULES), shed, TimeoutError()]
+    answered = _tally(report, due, results)
+    assert [h.key for h in answered] == ["a", "b"]
+    assert report.by_rules == 1 and report.failed == {"INF-429": 1, "timeout": 1}
+    assert "failed: INF-429 1, timeout 1" in format_report(report)
+
+
+async def test_a_refresh_floor_above_the_cache_lifetime_is_refused() -> None:
+    settings = Settings(
+        cache=CacheSettings(ttl_s=3_600), prewarm=PrewarmSettings(refresh_below_s=21_600)
+    )
+    with pytest.raises(ValueError, match="must be below LANEWAY_CACHE_TTL_S"):
+        await prewarm(settings)
