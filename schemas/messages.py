@@ -345,9 +345,19 @@ class QualityEvent(WireModel):
     """The client's score (-1..1), on ``feedback`` events."""
     drift: dict[str, float] | None = None
     """PSI per drifted feature, on ``drift`` events."""
+    cache_key: str | None = None
+    """The cache entry the answer came from, or was stored under: bad
+    feedback on the answer evicts it."""
 
     @classmethod
-    def of(cls, result: InferenceResult, *, tenant: str | None, ts_ms: int) -> QualityEvent:
+    def of(
+        cls,
+        result: InferenceResult,
+        *,
+        tenant: str | None,
+        ts_ms: int,
+        cache_key: str | None = None,
+    ) -> QualityEvent:
         return cls(
             id=result.id,
             tenant=tenant,
@@ -361,6 +371,7 @@ class QualityEvent(WireModel):
             completion_tokens=result.usage.completion_tokens,
             cache_hit=result.path == Path.CACHE,
             ts_ms=ts_ms,
+            cache_key=cache_key,
         )
 
 

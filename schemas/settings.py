@@ -295,6 +295,9 @@ class CacheSettings(BaseSettings):
     """Keep each tenant's cache entries apart."""
     sync_interval_s: float = Field(default=1.0, gt=0)
     """How often the semantic index picks up entries other processes wrote."""
+    evict_at_feedback: float | None = Field(default=-0.5, ge=-1, le=1)
+    """Client feedback at or below this score evicts the cache entry the
+    answer came from or was stored under; unset (``null``) never evicts."""
 
 
 class RulesSettings(BaseSettings):

@@ -65,6 +65,7 @@ from streams.ops import REDIS_ERRORS
 from streams.semantic_index import SemanticIndex
 
 __all__ = [
+    "EVICTIONS",
     "INDEX_SIZE",
     "LOOKUPS",
     "SIMILARITY",
@@ -93,6 +94,9 @@ STORES = Counter(
     "laneway_cache_stores_total",
     "Answers offered to the cache by result: stored, skipped (not cacheable), error",
     ["result"],
+)
+EVICTIONS = Counter(
+    "laneway_cache_evictions_total", "Cache entries removed on a client's bad feedback"
 )
 INDEX_SIZE = Gauge("laneway_cache_index_entries", "Entries in this process's semantic index")
 SIMILARITY = Histogram(
@@ -294,6 +298,27 @@ class ResponseCache:
             path=Path(path_name),
             key=key,
         )
+
+    # -- evict -------------------------------------------------------------
+
+    async def evict(self, key: str) -> bool:
+        """Remove entry ``key`` (a client said its answer is bad): no process
+        serves it again, exact or semantic (a semantic candidate whose entry
+        is gone leaves the index on its next lookup). Never raises."""
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.delete(self.entry_key(key))
+            pipe.zrem(self._index_key, key)
+            removed, _ = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self._redis_failed("evict", exc)
+            return False
+        if self._index is not None:
+            self._index.remove(key)
+            INDEX_SIZE.set(len(self._index))
+        if removed:
+            EVICTIONS.inc()
+        return bool(removed)
 
     # -- store -------------------------------------------------------------
 

@@ -135,7 +135,8 @@ def route(
     decision = decide(request, found, settings.routing, router, stats or {})
     answer = _answer(decision, admitted, age_ms)
     if answer is not None:
-        records = _terminal(answer, admitted, now_ms, settings)
+        hit_key = decision.hit.key if decision.hit is not None else None
+        records = _terminal(answer, admitted, now_ms, settings, cache_key=hit_key)
         return Classified("answered", records, answer, request, reply_to, decision)
 
     adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms)
@@ -237,7 +238,11 @@ def _timings(age_ms: float) -> Timings:
 
 
 def _terminal(
-    result: InferenceResult, admitted: Admitted, now_ms: int, settings: Settings
+    result: InferenceResult,
+    admitted: Admitted,
+    now_ms: int,
+    settings: Settings,
+    cache_key: str | None = None,
 ) -> list[Outbound]:
     return terminal_records(
         result,
@@ -245,6 +250,7 @@ def _terminal(
         tenant=admitted.request.tenant,
         now_ms=now_ms,
         settings=settings,
+        cache_key=cache_key,
     )
 
 

@@ -51,12 +51,14 @@ def terminal_records(
     tenant: str | None,
     now_ms: int,
     settings: Settings,
+    cache_key: str | None = None,
 ) -> list[Outbound]:
     """A terminal result: to the client's reply topic, to ``results``, and
-    its quality event to ``quality`` (keyed by path)."""
+    its quality event to ``quality`` (keyed by path). ``cache_key``: the
+    cache entry the answer came from or is stored under."""
     key = result.id.encode()
     value = result.model_dump_json().encode()
-    event = QualityEvent.of(result, tenant=tenant, ts_ms=now_ms)
+    event = QualityEvent.of(result, tenant=tenant, ts_ms=now_ms, cache_key=cache_key)
     return [
         Outbound(reply_to, key, value),
         Outbound(settings.topic("results"), key, value),

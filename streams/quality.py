@@ -7,6 +7,8 @@ classifiers' smart router.
 - ``laneway.feedback`` (keyed by request id) -> joined to the path that
   answered that request (remembered in Redis for a day) and re-emitted to
   ``laneway.quality`` keyed by path, so the table's partition owner folds it in;
+  a bad score (``LANEWAY_CACHE_EVICT_AT_FEEDBACK``) also evicts the cache
+  entry the answer came from or was stored under, so it is not served again;
 - every ``weights_refresh_s``: the statistics go to Redis (``RouteBoard``)
   and to metrics, and each lane's p95 latency to the ``LatencyBoard`` that
   the classifier's flow controller reads.
@@ -20,6 +22,7 @@ import json
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import faust
@@ -31,13 +34,14 @@ from schemas.errors import InvalidRequest
 from schemas.messages import Feedback, Lane, Path, QualityEvent, describe_errors
 from schemas.settings import Settings
 from streams.backlog import LatencyBoard
+from streams.cache import ResponseCache
 from streams.envelopes import Outbound, deliver, dlq_for
 from streams.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
 from streams.registry import load_registry
 from streams.router import PathStats, RouteBoard
 
-__all__ = ["LaneLatency", "build_quality_app", "router_app_id"]
+__all__ = ["Answered", "LaneLatency", "build_quality_app", "router_app_id"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,9 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
     latency_board = LatencyBoard(redis, settings.redis.key_prefix)
     lanes = LaneLatency()
     registry = load_registry(settings.routing.models_file, settings.backend)
+    cache = ResponseCache(
+        redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=None
+    )
     app = new_app(settings, router_app_id(settings))
     quality = raw_topic(app, settings.topic("quality"))
     feedback = raw_topic(app, settings.topic("feedback"))
@@ -129,7 +136,8 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 if quality_event.lane is not None:
                     lanes.add(quality_event.lane, quality_event.latency_ms)
                 if path is not None:
-                    await _remember(redis, answered_key + quality_event.id, path)
+                    answer = Answered(path, quality_event.cache_key)
+                    await _remember(redis, answered_key + quality_event.id, answer)
             if path is None or quality_event.kind == "drift":
                 continue
             current = table.get(path.value)
@@ -142,11 +150,20 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
             verdict = await decode(event, Feedback)
             if verdict is None:
                 continue
-            path = await _recall(redis, answered_key + verdict.request_id)
-            if path is None:
+            answered = await _recall(redis, answered_key + verdict.request_id)
+            if answered is None:
                 FEEDBACK_UNMATCHED.inc()
                 log.info("feedback for unknown request %s dropped", verdict.request_id)
                 continue
+            path = answered.path
+            floor = settings.cache.evict_at_feedback
+            if answered.cache_key and floor is not None and verdict.score <= floor:
+                if await cache.evict(answered.cache_key):
+                    log.info(
+                        "cache entry of %s evicted on feedback %.2f",
+                        verdict.request_id,
+                        verdict.score,
+                    )
             joined = QualityEvent(
                 kind="feedback",
                 id=verdict.request_id,
@@ -193,22 +210,44 @@ def _as_dict(stats: PathStats) -> dict[str, Any]:
     return dict(json.loads(stats.to_json()))
 
 
-async def _remember(redis: Any, key: str, path: Path) -> None:
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """What feedback on an answer is joined to: the path that gave it and
+    the cache entry it came from or was stored under."""
+
+    path: Path
+    cache_key: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({"path": self.path.value, "cache_key": self.cache_key})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Answered | None:
+        """Also reads the bare path name kept before cache keys were."""
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        try:
+            if text in {p.value for p in Path}:
+                return cls(Path(text))
+            data = json.loads(text)
+            key = data.get("cache_key")
+            return cls(Path(data["path"]), key if isinstance(key, str) else None)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+async def _remember(redis: Any, key: str, answered: Answered) -> None:
     try:
-        await redis.set(key, path.value, ex=86_400)
+        await redis.set(key, answered.to_json(), ex=86_400)
     except (RedisError, OSError) as exc:
         REDIS_ERRORS.labels("route").inc()
         log.debug("answer path not kept for feedback: %s", exc)
 
 
-async def _recall(redis: Any, key: str) -> Path | None:
+async def _recall(redis: Any, key: str) -> Answered | None:
     try:
         raw = await redis.get(key)
     except (RedisError, OSError) as exc:
         REDIS_ERRORS.labels("route").inc()
         log.debug("feedback join failed: %s", exc)
         return None
-    try:
-        return Path(raw.decode()) if raw else None
-    except ValueError:
-        return None
+    return Answered.from_json(raw) if raw else None

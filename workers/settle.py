@@ -20,13 +20,16 @@ from schemas.messages import (
     ErrorInfo,
     InferenceResult,
     Lane,
+    Path,
     RoutedRequest,
     describe_errors,
     peek_routed_address,
 )
 from schemas.settings import Settings
+from streams.cache_keys import cache_key, store_refusal
 from streams.envelopes import Outbound, dlq_for, terminal_records
 from streams.ops import RECORDS
+from streams.sessions import context_digest
 from workers.answered import attempt_event
 from workers.result_store import RecordKey
 from workers.retry import (
@@ -39,7 +42,14 @@ from workers.retry import (
     retry_record,
 )
 
-__all__ = ["Answer", "give_up", "reject_unreadable", "settle_failures", "terminal_for"]
+__all__ = [
+    "Answer",
+    "answer_cache_key",
+    "give_up",
+    "reject_unreadable",
+    "settle_failures",
+    "terminal_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -174,4 +184,17 @@ def terminal_for(
         tenant=routed.request.tenant,
         now_ms=now_ms,
         settings=settings,
+        cache_key=answer_cache_key(routed, result, settings),
     )
+
+
+def answer_cache_key(
+    routed: RoutedRequest, result: InferenceResult, settings: Settings
+) -> str | None:
+    """The cache entry ``result`` came from (a worker's late cache hit) or
+    is stored under (``Remember``), so bad feedback on it can evict it."""
+    if not settings.cache_in_use:
+        return None
+    if result.path != Path.CACHE and store_refusal(routed.request, result) is not None:
+        return None
+    return cache_key(routed.request, settings.cache, context_digest(routed.history))

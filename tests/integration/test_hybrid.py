@@ -19,6 +19,7 @@ from schemas.messages import (
 )
 from schemas.settings import Settings
 from streams.cache import ResponseCache
+from streams.cache_keys import cache_key
 from streams.client import LanewayClient
 from streams.router import RouteBoard
 from streams.sessions import SessionStore
@@ -127,6 +128,36 @@ async def test_the_quality_loop_publishes_route_statistics_and_joins_feedback(
             break
         await asyncio.sleep(0.5)
     assert stats[answer.path].quality < before
+
+
+async def test_bad_feedback_evicts_the_cache_entry_that_gave_the_answer(
+    client: LanewayClient, settings: Settings
+) -> None:
+    prompt = "In one word, what colour is a ripe tomato?"
+    first = await client.ask(prompt, max_tokens=8, timeout_s=120)
+    assert first.status == "ok" and first.path in (Path.LIGHT, Path.HEAVY)
+    cached = await ask_until_cached(client, prompt)
+    assert cached.path == Path.CACHE, cached
+    key = cache_key(InferenceRequest(id="k", prompt=prompt, max_tokens=8), settings.cache)
+    entry = f"{settings.redis.key_prefix}:cache:e:{key}"
+    answered = f"{settings.redis.key_prefix}:answered:{cached.id}"
+    redis = settings.redis.client()
+    try:
+        assert await redis.exists(entry)
+        for _ in range(40):  # feedback joins once the quality loop has seen the answer
+            if await redis.exists(answered):
+                break
+            await asyncio.sleep(0.25)
+        await client.feedback(cached.id, -1.0, "not a colour")
+        for _ in range(40):
+            if not await redis.exists(entry):
+                break
+            await asyncio.sleep(0.25)
+        assert not await redis.exists(entry), "the entry was not evicted"
+    finally:
+        await redis.aclose()
+    again = await client.ask(prompt, max_tokens=8, timeout_s=120)
+    assert again.status == "ok" and again.path in (Path.LIGHT, Path.HEAVY), again
 
 
 async def test_a_session_remembers_earlier_turns(client: LanewayClient, settings: Settings) -> None:

@@ -141,6 +141,7 @@ def test_a_cache_hit_is_answered_by_the_classifier() -> None:
     assert out.result.model == "cache:semantic:llamacpp:smollm2-135m"
     event = QualityEvent.model_validate_json(out.records[2].value)
     assert event.cache_hit and event.success
+    assert event.cache_key == "k"  # bad feedback on the answer evicts that entry
 
     history = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content="yo")]
     routed_out = route(

@@ -18,7 +18,7 @@ from schemas.messages import (
 )
 from schemas.settings import Settings
 from workers.retry import ATTEMPT_HEADER, read_mark
-from workers.settle import give_up, reject_unreadable, settle_failures
+from workers.settle import answer_cache_key, give_up, reject_unreadable, settle_failures
 
 SETTINGS = Settings(max_attempts=3, retry_backoff_ms=500, retry_max_backoff_ms=2_000)
 LANE_TOPIC = SETTINGS.lane_topic(Lane.MEDIUM)
@@ -141,3 +141,32 @@ def test_an_unreadable_lane_record_answers_its_client_when_it_names_one() -> Non
     garbage = b"\x00 not json"
     (dead,) = reject_unreadable(record(4, garbage), unreadable(garbage), SETTINGS, Lane.MEDIUM)
     assert dead.topic == "laneway.dlq" and dead.value == garbage
+
+
+def test_an_answer_names_the_cache_entry_it_came_from_or_is_stored_under() -> None:
+    from schemas.messages import ChatMessage
+    from streams.cache_keys import cache_key
+    from streams.sessions import context_digest
+
+    asked = routed("answer")
+    model = InferenceResult(id="answer", status="ok", output="4", path=Path.HEAVY)
+    key = cache_key(asked.request, SETTINGS.cache)
+    assert answer_cache_key(asked, model, SETTINGS) == key
+    late_hit = model.model_copy(update={"path": Path.CACHE, "model": "cache:exact:x"})
+    assert answer_cache_key(asked, late_hit, SETTINGS) == key
+    # Not stored, so no entry to name: a degraded answer, an error, a rule.
+    for result in (
+        model.model_copy(update={"degraded": True}),
+        failed("answer", BackendUnavailable("down")),
+        model.model_copy(update={"path": Path.RULES}),
+    ):
+        assert answer_cache_key(asked, result, SETTINGS) is None
+    turns = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content="yo")]
+    talk = asked.model_copy(update={"history": turns})
+    assert answer_cache_key(talk, model, SETTINGS) == cache_key(
+        talk.request, SETTINGS.cache, context_digest(turns)
+    )
+    forced = SETTINGS.model_copy(
+        update={"routing": SETTINGS.routing.model_copy(update={"force_path": "heavy"})}
+    )
+    assert answer_cache_key(asked, model, forced) is None
