@@ -39,6 +39,7 @@ from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.sessions import context_digest
 from workers.answered import attempt_events, cached_result
 from workers.batcher import collect_batch
+from workers.coalesce import shared_result, split_duplicates
 from workers.execution import Executor, backend_slots
 from workers.result_store import RecordKey, ResultStore
 from workers.retry import RetryRelay
@@ -55,7 +56,8 @@ redelivered batch calls it again."""
 
 COALESCED = Counter(
     "laneway_cache_late_hits_total",
-    "Requests the worker answered from the cache: an identical one was answered as they waited",
+    "Requests a worker answered without a model: an identical one was answered as they "
+    "waited (from the cache) or in the same batch",
     ["lane"],
 )
 
@@ -251,12 +253,9 @@ class LaneWorker:
         answers: list[Answer] = await self._answered_meanwhile(fresh)
         done = {key for key, _, _ in answers}
         fresh = [(key, routed) for key, routed in fresh if key not in done]
-        finished = await self.executor.execute([routed for _, routed in fresh])
-        for item in finished:  # paths that failed before a fallback answered
-            outbound += attempt_events(item, self.settings)
-        answers += [
-            (key, item.routed, item.result) for (key, _), item in zip(fresh, finished, strict=True)
-        ]
+        ran, attempts_out = await self._run(fresh)
+        answers += ran
+        outbound += attempts_out
         answers, parked, retry_out = settle_failures(answers, records, self.settings, self.lane)
         outbound += retry_out
         replayed = [(key, routed, stored[key]) for key, routed in batch if key in stored]
@@ -290,6 +289,39 @@ class LaneWorker:
             RECORDS.labels(f"worker-{self.lane}", result.status).inc()
             RESULTS.labels(self.lane, result.path, result.status, code).inc()
             LATENCY.labels(self.lane, result.path).observe(result.timings.total_ms / 1000)
+
+    async def _run(
+        self, fresh: list[tuple[RecordKey, RoutedRequest]]
+    ) -> tuple[list[Answer], list[Outbound]]:
+        """Run ``fresh`` on the model paths, identical requests once
+        (``workers.coalesce``). Returns the answers and a quality event per
+        path that failed before a fallback answered."""
+        leaders, followers = split_duplicates(fresh, self.settings)
+        finished = await self.executor.execute([routed for _, routed in leaders])
+        answers: list[Answer] = [
+            (key, item.routed, item.result)
+            for (key, _), item in zip(leaders, finished, strict=True)
+        ]
+        now_ms = int(time.time() * 1000)
+        alone: list[tuple[RecordKey, RoutedRequest]] = []
+        for follower in followers:
+            led = finished[follower.leader].result
+            if led.status == "ok":
+                shared = shared_result(follower.routed, led, self.lane, now_ms)
+                answers.append((follower.key, follower.routed, shared))
+            else:
+                alone.append((follower.key, follower.routed))
+        if len(followers) > len(alone):
+            COALESCED.labels(self.lane).inc(len(followers) - len(alone))
+        if alone:  # the leader failed: each runs on its own
+            more = await self.executor.execute([routed for _, routed in alone])
+            finished += more
+            answers += [
+                (key, item.routed, item.result) for (key, _), item in zip(alone, more, strict=True)
+            ]
+        return answers, [
+            event for item in finished for event in attempt_events(item, self.settings)
+        ]
 
     async def _answered_meanwhile(
         self, fresh: Sequence[tuple[RecordKey, RoutedRequest]]

@@ -1,0 +1,112 @@
+"""Identical requests in one batch run once, on a real broker and Redis."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+
+from aiokafka import ConsumerRecord
+
+from schemas.errors import BackendUnavailable
+from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.settings import BackendSettings, Settings
+from streams.topics import create_topics
+from tests.integration.conftest import produce_to_lane, read_topic
+from workers.execution import Executor, Finished, backend_slots
+from workers.lane_worker import LaneWorker
+from workers.result_store import ResultStore
+
+
+class CountingExecutor(Executor):
+    """The real executor, counting the requests it runs."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.ran: list[str] = []
+
+    async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
+        self.ran += [routed.request.id for routed in batch]
+        return await super().execute(batch)
+
+
+async def one_batch(
+    settings: Settings, requests: list[InferenceRequest], backend: BackendSettings
+) -> tuple[CountingExecutor, dict[str, InferenceResult]]:
+    """Put ``requests`` on a realtime lane of topics of their own, have a
+    worker fetch them and process them as one batch; their results by id."""
+    prefix = f"co{uuid.uuid4().hex[:8]}"
+    kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
+    own = settings.model_copy(update={"kafka": kafka, "app_id": prefix})
+    await create_topics(own)
+    now = int(time.time() * 1000)
+    for request in requests:
+        routed = RoutedRequest(
+            request=request,
+            lane=Lane.REALTIME,
+            path=Path.LIGHT,
+            reply_to=own.replies_topic,
+            produced_at_ms=now,
+            routed_at_ms=now,
+        )
+        await produce_to_lane(own, routed)
+    executor = CountingExecutor(Lane.REALTIME, backend_slots(backend))
+    store = ResultStore.from_url(own.redis.url, prefix=prefix, ttl_s=60, timeout_s=0.5)
+    worker = LaneWorker(own, Lane.REALTIME, executor=executor, store=store)
+    await worker.start()
+    try:
+        records: list[ConsumerRecord] = []
+        for _ in range(40):
+            records += await worker._fetch(0.5, 16)
+            if len(records) >= len(requests):
+                break
+        assert len(records) == len(requests)
+        await worker.process(records)
+    finally:
+        await worker.close()
+    replies = await read_topic(own, own.replies_topic)
+    results = [InferenceResult.model_validate_json(r.value) for r in replies]
+    return executor, {r.id: r for r in results}
+
+
+def ask(rid: str, prompt: str = "ping", **fields: object) -> InferenceRequest:
+    return InferenceRequest.model_validate({"id": rid, "prompt": prompt, **fields})
+
+
+async def test_identical_requests_in_a_batch_run_once(settings: Settings) -> None:
+    requests = [
+        ask("a1"),
+        ask("a2", "PING"),  # the same question to the cache
+        ask("a3"),
+        ask("long", max_tokens=400),  # another budget class: its own answer
+        ask("sampled", temperature=0.7),  # never shared
+        ask("private", metadata={"cache": "no-store"}),
+    ]
+    rules = BackendSettings(light="rules", heavy="rules")
+    executor, results = await one_batch(settings, requests, rules)
+    # Records come in partition order: any of the three may lead.
+    twins = {"a1", "a2", "a3"}
+    (leader,) = twins & set(executor.ran)
+    assert sorted(set(executor.ran) - twins) == ["long", "private", "sampled"]
+    assert len(executor.ran) == 4
+    assert set(results) == {r.id for r in requests}
+    assert all(r.status == "ok" and r.output == "pong" for r in results.values())
+    assert results[leader].path == Path.LIGHT and results[leader].model
+    for shared in twins - {leader}:
+        assert results[shared].path == Path.CACHE
+        assert results[shared].model == f"cache:batch:{results[leader].model}"
+
+
+async def test_a_failed_leader_hands_nothing_on(settings: Settings) -> None:
+    # No backend at all: the leader fails (INF-502); its twin runs on its own
+    # and fails for itself, each with its own result.
+    nothing = BackendSettings(
+        light="openai", heavy="openai", openai_base_url="http://127.0.0.1:9/v1"
+    )
+    executor, results = await one_batch(
+        settings.model_copy(update={"max_attempts": 1}), [ask("b1"), ask("b2")], nothing
+    )
+    assert sorted(executor.ran) == ["b1", "b2"]
+    for result in results.values():
+        assert result.error is not None
+        assert result.error.code == BackendUnavailable.code
