@@ -17,7 +17,7 @@ from streams.envelopes import Outbound
 from streams.sessions import SessionStore, context_digest
 from workers.execution import Finished
 
-__all__ = ["Remember", "attempt_event", "attempt_events", "cached_result"]
+__all__ = ["Remember", "answer_from_cache", "attempt_event", "attempt_events", "cached_result"]
 
 
 class Remember:
@@ -75,14 +75,22 @@ def attempt_event(
 
 def cached_result(routed: RoutedRequest, hit: CacheHit, lane: Lane, now_ms: int) -> InferenceResult:
     """The answer a worker found in the cache instead of running a model."""
+    return answer_from_cache(routed, hit.output, hit.label, lane, now_ms)
+
+
+def answer_from_cache(
+    routed: RoutedRequest, output: str, model: str, lane: Lane, now_ms: int, batch_size: int = 1
+) -> InferenceResult:
+    """An answer given to ``routed`` without running a model for it:
+    path ``cache``, ``model`` naming where the text came from."""
     waited = max(0.0, now_ms - routed.produced_at_ms)
     return InferenceResult(
         id=routed.request.id,
         status="ok",
-        output=hit.output,
+        output=output,
         lane=lane,
         path=Path.CACHE,
-        model=hit.label,
-        timings=Timings(queue_ms=waited, total_ms=waited),
+        model=model,
+        timings=Timings(queue_ms=waited, total_ms=waited, batch_size=batch_size),
         batch_id=routed.request.batch_id,
     )

@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schemas.messages import InferenceResult, Lane, Path, RoutedRequest, Timings
+from schemas.messages import InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.cache_keys import cache_control, cache_key
 from streams.sessions import context_digest
+from workers.answered import answer_from_cache
 from workers.result_store import RecordKey
 
 __all__ = ["Follower", "shared_result", "split_duplicates"]
@@ -66,14 +67,6 @@ def shared_result(
 ) -> InferenceResult:
     """``answer``, computed for an identical request of the same batch, as
     the answer to ``routed``."""
-    waited = max(0.0, now_ms - routed.produced_at_ms)
-    return InferenceResult(
-        id=routed.request.id,
-        status="ok",
-        output=answer.output,
-        lane=lane,
-        path=Path.CACHE,
-        model=f"cache:batch:{answer.model or '-'}",
-        timings=Timings(queue_ms=waited, total_ms=waited, batch_size=answer.timings.batch_size),
-        batch_id=routed.request.batch_id,
-    )
+    model = f"cache:batch:{answer.model or '-'}"
+    size = answer.timings.batch_size
+    return answer_from_cache(routed, answer.output or "", model, lane, now_ms, size)
