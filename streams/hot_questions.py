@@ -95,6 +95,11 @@ class HotQuestion:
     question: str
     """``question_of`` JSON."""
 
+    @property
+    def tenant(self) -> str | None:
+        tenant = json.loads(self.question).get("tenant")
+        return tenant if isinstance(tenant, str) else None
+
     def request(self, request_id: str, **fields: Any) -> InferenceRequest:
         return InferenceRequest.model_validate(
             {**json.loads(self.question), "id": request_id, "temperature": 0.0, **fields}

@@ -123,6 +123,14 @@ async def prewarm(
     return report
 
 
+def _reply_topic(settings: Settings, hot: HotQuestion, default: str) -> str:
+    """Where the answer to ``hot`` comes back: its tenant's own topic where
+    tenants may only use theirs, else ``default``."""
+    if settings.limits.tenant_reply_topics and hot.tenant:
+        return f"{settings.replies_topic}.{hot.tenant}"
+    return default
+
+
 async def _ask_all(
     settings: Settings,
     due: Sequence[HotQuestion],
@@ -131,26 +139,35 @@ async def _ask_all(
 ) -> list[InferenceResult | BaseException]:
     options = settings.prewarm
     gate = asyncio.Semaphore(options.concurrency)
+    default = client.reply_to if client else f"{settings.replies_topic}.prewarm"
+    topics = [_reply_topic(settings, hot, default) for hot in due]
+    clients = {client.reply_to: client} if client else {}
+    started: list[LanewayClient] = []
 
-    async def ask(c: LanewayClient, hot: HotQuestion) -> InferenceResult:
+    async def ask(hot: HotQuestion, topic: str) -> InferenceResult:
         request = hot.request(
             f"prewarm-{day}-{hot.key[:12]}-{uuid.uuid4().hex[:6]}",
             lane=Lane.BULK,
             batch_id=f"prewarm-{day}",
             metadata={"cache": "bypass"},
-            reply_to=c.reply_to,
+            reply_to=topic,
         )
         async with gate:
-            future = await c.submit(request)
+            future = await clients[topic].submit(request)
             return await asyncio.wait_for(future, options.timeout_s)
 
-    async def run(c: LanewayClient) -> list[InferenceResult | BaseException]:
-        return await asyncio.gather(*(ask(c, h) for h in due), return_exceptions=True)
-
-    if client is not None:
-        return await run(client)
-    async with LanewayClient(settings.kafka, client_id=f"prewarm-{uuid.uuid4().hex[:6]}") as c:
-        return await run(c)
+    try:
+        for topic in sorted(set(topics) - set(clients)):
+            started.append(LanewayClient(settings.kafka, client_id="prewarm", reply_to=topic))
+            await started[-1].start()
+            clients[topic] = started[-1]
+        return await asyncio.gather(
+            *(ask(hot, topic) for hot, topic in zip(due, topics, strict=True)),
+            return_exceptions=True,
+        )
+    finally:
+        for c in started:
+            await c.close()
 
 
 def _tally(

@@ -37,3 +37,15 @@ async def test_a_refresh_floor_above_the_cache_lifetime_is_refused() -> None:
     )
     with pytest.raises(ValueError, match="must be below LANEWAY_CACHE_TTL_S"):
         await prewarm(settings)
+
+
+def test_answers_come_back_on_the_tenants_own_topic_where_it_must() -> None:
+    from schemas.settings import LimitsSettings
+    from streams.prewarm import _reply_topic
+
+    acme = HotQuestion("k", 3, '{"prompt": "hi", "tenant": "acme"}')
+    anyone = HotQuestion("k", 3, '{"prompt": "hi"}')
+    strict = Settings(limits=LimitsSettings(tenant_reply_topics=True))
+    assert _reply_topic(strict, acme, "laneway.replies.prewarm") == "laneway.replies.acme"
+    assert _reply_topic(strict, anyone, "laneway.replies.prewarm") == "laneway.replies.prewarm"
+    assert _reply_topic(Settings(), acme, "laneway.replies.prewarm") == "laneway.replies.prewarm"
