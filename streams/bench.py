@@ -145,17 +145,21 @@ def direct_rule_ms(settings: Settings, repeat: int = 2000) -> float:
     return timeit.timeit(once, number=repeat) * 1000 / repeat
 
 
+NO_CACHE = {"cache": "bypass, no-store"}
+"""Request metadata that keeps a request away from the response cache both
+ways: what is measured is the models, not earlier answers."""
+
+
 async def warm_up(client: LanewayClient, timeout_s: float) -> None:
     """One request through the classifier and one through each lane worker
     before the clock starts: the first record a process produces to a new
     reply topic waits for its metadata (on the embedded broker once up to
     the 30 s request timeout), which is set-up, not throughput."""
-    no_cache = {"cache": "bypass, no-store"}
     await asyncio.gather(
         client.ask("ping", timeout_s=timeout_s),
         *(
             client.ask(
-                "Name a colour.", lane=lane, max_tokens=2, metadata=no_cache, timeout_s=timeout_s
+                "Name a colour.", lane=lane, max_tokens=2, metadata=NO_CACHE, timeout_s=timeout_s
             )
             for lane in ("realtime", "medium", "bulk")
         ),
@@ -282,9 +286,9 @@ async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow
     """Measure capacity closed-loop, then offer 1x, 2x, 3x of it for a fixed window."""
     # Lane capacity is the question: the repeated prompts must reach the
     # models, not the response cache.
-    no_cache = {"metadata": {"cache": "bypass, no-store"}}
     calibration = [
-        {**r, **no_cache} for r in mixed_workload(max(16, args.requests // 4), args.max_tokens)
+        {**r, "metadata": NO_CACHE}
+        for r in mixed_workload(max(16, args.requests // 4), args.max_tokens)
     ]
     samples, started, _ = await drive(settings, calibration, args.concurrency, timeout_s=300)
     capacity = len(samples) / max(1e-9, max(s.finished_at for s in samples) - started)
@@ -296,7 +300,7 @@ async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow
             rate = capacity * load
             n = max(1, round(rate * args.window_s))
             workload = [
-                {**r, **no_cache, "deadline_ms": args.deadline_ms}
+                {**r, "metadata": NO_CACHE, "deadline_ms": args.deadline_ms}
                 for r in mixed_workload(n, args.max_tokens)
             ]
             answered, lost = await overload_step(client, workload, rate, timeout_s=300)

@@ -10,15 +10,16 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from pathlib import Path as FsPath
 from unittest import mock
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from schemas.messages import RoutedRequest
+from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
 from schemas.settings import Settings
 from streams.client import LanewayClient
 from streams.embedded import free_port
@@ -27,7 +28,7 @@ from streams.supervisor import Stack
 
 # The stack's rule file: the shipped example, copied so a test can edit it
 # (hot reload). Written by the ``stack`` fixture before the stack starts.
-RULES_FILE = Path(tempfile.gettempdir()) / f"laneway-rules-{uuid.uuid4().hex[:8]}.yaml"
+RULES_FILE = FsPath(tempfile.gettempdir()) / f"laneway-rules-{uuid.uuid4().hex[:8]}.yaml"
 
 # Test-sized lanes: bulk batches of 4, so a test can kill a worker between batches.
 CHILD_ENV = {
@@ -141,6 +142,27 @@ async def read_topic(settings: Settings, topic: str, timeout_s: float = 3.0) -> 
         await consumer.stop()
 
 
+def routed_now(
+    request: InferenceRequest,
+    reply_to: str,
+    *,
+    path: Path = Path.LIGHT,
+    lane: Lane = Lane.REALTIME,
+    deadline_in_ms: int | None = None,
+) -> RoutedRequest:
+    """``request`` as the classifier would route it at this moment."""
+    now = int(time.time() * 1000)
+    return RoutedRequest(
+        request=request,
+        lane=lane,
+        path=path,
+        reply_to=reply_to,
+        produced_at_ms=now,
+        routed_at_ms=now,
+        deadline_at_ms=None if deadline_in_ms is None else now + deadline_in_ms,
+    )
+
+
 async def produce_to_lane(
     settings: Settings, routed: RoutedRequest, key: str | None = None
 ) -> None:
@@ -161,5 +183,5 @@ async def produce_raw(settings: Settings, topic: str, value: bytes, key: str) ->
 
 
 def stack_log(stack: Stack) -> str:
-    path = Path(stack.broker.log_path or "").with_name("stack.log")
+    path = FsPath(stack.broker.log_path or "").with_name("stack.log")
     return path.read_text()[-5000:] if path.exists() else ""

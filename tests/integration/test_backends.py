@@ -20,6 +20,7 @@ from workers.backends.base import Backend, Generation, GenerationInput, create_b
 from workers.execution import Executor, backend_slots
 from workers.models import resolve_gguf
 
+from .conftest import routed_now
 from .servers import llama_cpp_server
 
 
@@ -107,17 +108,10 @@ async def test_breaker_opens_on_a_dead_server_and_closes_when_it_is_back() -> No
     )
     slots = backend_slots(settings)
     executor = Executor(Lane.MEDIUM, slots)
-    now = int(time.time() * 1000)
 
     def ping() -> RoutedRequest:
-        return RoutedRequest(
-            request=InferenceRequest(id="p", prompt="ping", max_tokens=8),
-            lane=Lane.MEDIUM,
-            path=Path.HEAVY,
-            reply_to="laneway.replies",
-            produced_at_ms=now,
-            routed_at_ms=now,
-        )
+        request = InferenceRequest(id="p", prompt="ping", max_tokens=8)
+        return routed_now(request, "laneway.replies", path=Path.HEAVY, lane=Lane.MEDIUM)
 
     try:
         for _ in range(2):  # the server is down: the light path answers, marked degraded

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Sequence
 
@@ -12,7 +11,7 @@ from schemas.errors import BackendUnavailable
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings, Settings
 from streams.topics import create_topics
-from tests.integration.conftest import produce_to_lane, read_topic
+from tests.integration.conftest import produce_to_lane, read_topic, routed_now
 from workers.execution import Executor, Finished, backend_slots
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
@@ -39,17 +38,8 @@ async def one_batch(
     kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
     own = settings.model_copy(update={"kafka": kafka, "app_id": prefix})
     await create_topics(own)
-    now = int(time.time() * 1000)
     for request in requests:
-        routed = RoutedRequest(
-            request=request,
-            lane=Lane.REALTIME,
-            path=Path.LIGHT,
-            reply_to=own.replies_topic,
-            produced_at_ms=now,
-            routed_at_ms=now,
-        )
-        await produce_to_lane(own, routed)
+        await produce_to_lane(own, routed_now(request, own.replies_topic))
     executor = CountingExecutor(Lane.REALTIME, backend_slots(backend))
     store = ResultStore.from_url(own.redis.url, prefix=prefix, ttl_s=60, timeout_s=0.5)
     worker = LaneWorker(own, Lane.REALTIME, executor=executor, store=store)

@@ -4,7 +4,6 @@ quality loop's statistics and client feedback, session history."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import pytest
@@ -24,7 +23,7 @@ from streams.client import LanewayClient
 from streams.router import RouteBoard
 from streams.sessions import SessionStore
 from streams.supervisor import Stack
-from tests.integration.conftest import produce_to_lane, read_topic
+from tests.integration.conftest import produce_to_lane, read_topic, routed_now
 
 
 async def ask_until_cached(
@@ -212,16 +211,7 @@ async def test_a_worker_answers_from_the_cache_what_was_answered_while_it_waited
     )
     twin = request.model_copy(update={"id": "the-identical-one"})
     assert await cache.store(twin, earlier)
-    now = int(time.time() * 1000)
-    routed = RoutedRequest(
-        request=request,
-        lane=Lane.REALTIME,
-        path=Path.LIGHT,
-        reply_to=client.reply_to,
-        produced_at_ms=now,
-        routed_at_ms=now,
-    )
-    await produce_to_lane(settings, routed)
+    await produce_to_lane(settings, routed_now(request, client.reply_to))
     answer = None
     for _ in range(40):
         replies = await read_topic(settings, client.reply_to)

@@ -40,7 +40,13 @@ from streams.client import LanewayClient
 from streams.embedded import free_port
 from streams.supervisor import Stack
 from streams.topics import create_topics, retry_topic
-from tests.integration.conftest import produce_raw, produce_to_lane, read_topic, supervised
+from tests.integration.conftest import (
+    produce_raw,
+    produce_to_lane,
+    read_topic,
+    routed_now,
+    supervised,
+)
 from tests.integration.test_backends import llama_cpp_server
 from workers.execution import Executor, backend_slots
 from workers.lane_worker import LaneWorker
@@ -249,16 +255,8 @@ async def produce_routed(
 ) -> RoutedRequest:
     """A routed request on the realtime lane topic, as the classifier writes
     it (keyed by its id, or by ``key`` to share another's partition)."""
-    now = int(time.time() * 1000)
-    routed = RoutedRequest(
-        request=InferenceRequest(id=f"retry-{uuid.uuid4().hex[:8]}", prompt=prompt, max_tokens=8),
-        lane=Lane.REALTIME,
-        path=path,
-        reply_to=settings.replies_topic,
-        produced_at_ms=now,
-        routed_at_ms=now,
-        deadline_at_ms=None if deadline_in_ms is None else now + deadline_in_ms,
-    )
+    request = InferenceRequest(id=f"retry-{uuid.uuid4().hex[:8]}", prompt=prompt, max_tokens=8)
+    routed = routed_now(request, settings.replies_topic, path=path, deadline_in_ms=deadline_in_ms)
     await produce_to_lane(settings, routed, key=key)
     return routed
 

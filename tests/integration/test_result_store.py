@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Sequence
 
@@ -15,7 +14,7 @@ from schemas.settings import BackendSettings, Settings
 from streams.embedded import free_port
 from streams.ops import REDIS_ERRORS
 from streams.topics import create_topics
-from tests.integration.conftest import read_topic
+from tests.integration.conftest import read_topic, routed_now
 from workers.execution import Executor, Finished, backend_slots
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
@@ -65,15 +64,8 @@ async def worker_with_one_record(
     kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
     own = settings.model_copy(update={"kafka": kafka, "app_id": prefix})
     await create_topics(own)
-    now = int(time.time() * 1000)
-    routed = RoutedRequest(
-        request=InferenceRequest(id=f"{prefix}-1", prompt="ping"),
-        lane=Lane.REALTIME,
-        path=Path.RULES,
-        reply_to=own.replies_topic,
-        produced_at_ms=now,
-        routed_at_ms=now,
-    )
+    request = InferenceRequest(id=f"{prefix}-1", prompt="ping")
+    routed = routed_now(request, own.replies_topic, path=Path.RULES)
     producer = AIOKafkaProducer(**own.kafka.client_options())
     await producer.start()
     await producer.send_and_wait(own.lane_topic(Lane.REALTIME), routed.model_dump_json().encode())
