@@ -158,7 +158,7 @@ class RateLimitSettings(BaseSettings):
 
 
 class FlowSettings(BaseSettings):
-    """Degradation under load (``streams.flow``)."""
+    """Degradation under load (``streams.classify.flow``)."""
 
     model_config = _config("LANEWAY_FLOW_")
 
@@ -236,8 +236,8 @@ class LimitsSettings(BaseSettings):
 
 
 class RoutingSettings(BaseSettings):
-    """Request classification and the smart router (``streams.features``,
-    ``streams.router``)."""
+    """Request classification and the smart router (``streams.classify.features``,
+    ``streams.classify.router``)."""
 
     model_config = _config("LANEWAY_ROUTING_")
 
@@ -277,7 +277,7 @@ class RoutingSettings(BaseSettings):
 
 
 class CacheSettings(BaseSettings):
-    """The response cache the classifier checks first (``streams.cache``)."""
+    """The response cache the classifier checks first (``streams.cache.response``)."""
 
     model_config = _config("LANEWAY_CACHE_")
 
@@ -301,7 +301,7 @@ class CacheSettings(BaseSettings):
 
 
 class RulesSettings(BaseSettings):
-    """The rules engine (``streams.rules``)."""
+    """The rules engine (``streams.rules.engine``)."""
 
     model_config = _config("LANEWAY_RULES_")
 
@@ -312,7 +312,7 @@ class RulesSettings(BaseSettings):
 
 
 class SessionSettings(BaseSettings):
-    """Conversation history per ``session_id`` (``streams.sessions``)."""
+    """Conversation history per ``session_id`` (``streams.stores.sessions``)."""
 
     model_config = _config("LANEWAY_SESSION_")
 
@@ -323,7 +323,7 @@ class SessionSettings(BaseSettings):
 
 
 class PrewarmSettings(BaseSettings):
-    """Hot questions and the nightly cache pre-warm (``streams.prewarm``)."""
+    """Hot questions and the nightly cache pre-warm (``streams.cache.prewarm``)."""
 
     model_config = _config("LANEWAY_PREWARM_")
 
@@ -348,7 +348,7 @@ class PrewarmSettings(BaseSettings):
 
 
 class DriftSettings(BaseSettings):
-    """Feature drift against a baseline (``streams.drift``)."""
+    """Feature drift against a baseline (``streams.classify.drift``)."""
 
     model_config = _config("LANEWAY_DRIFT_")
 

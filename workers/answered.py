@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from schemas.errors import ErrorCode
 from schemas.messages import InferenceResult, Lane, Path, QualityEvent, RoutedRequest, Timings
 from schemas.settings import Settings
-from streams.cache import CacheHit, ResponseCache
-from streams.envelopes import Outbound
-from streams.sessions import SessionStore, context_digest
+from streams.cache.response import CacheHit, ResponseCache
+from streams.kafka.envelopes import Outbound
+from streams.stores.sessions import SessionStore, context_digest
 from workers.execution import Finished
 
 __all__ = ["Remember", "answer_from_cache", "attempt_event", "attempt_events", "cached_result"]

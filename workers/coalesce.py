@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from schemas.messages import InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
-from streams.cache_keys import cache_control, cache_key
-from streams.sessions import context_digest
+from streams.cache.keys import cache_control, cache_key
+from streams.stores.sessions import context_digest
 from workers.answered import answer_from_cache
 from workers.result_store import RecordKey
 

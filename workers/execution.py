@@ -37,7 +37,7 @@ from schemas.errors import (
 )
 from schemas.messages import ChatMessage, InferenceResult, Lane, Path, RoutedRequest, Timings, Usage
 from schemas.settings import BackendSettings
-from streams.sessions import with_history
+from streams.stores.sessions import with_history
 from workers.backends.base import (
     Backend,
     Generation,

@@ -32,11 +32,11 @@ from pydantic import ValidationError
 
 from schemas.messages import InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
-from streams.backlog import BacklogBoard
-from streams.cache import ResponseCache
-from streams.envelopes import Outbound, deliver
+from streams.cache.response import ResponseCache
+from streams.kafka.envelopes import Outbound, deliver
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
-from streams.sessions import context_digest
+from streams.stores.backlog import BacklogBoard
+from streams.stores.sessions import context_digest
 from workers.answered import attempt_events, cached_result
 from workers.batcher import collect_batch
 from workers.coalesce import shared_result, split_duplicates

@@ -50,8 +50,8 @@ from prometheus_client import Counter
 from schemas.errors import ErrorCode
 from schemas.messages import InferenceResult, Lane
 from schemas.settings import Settings
-from streams.envelopes import Outbound
-from streams.topics import retry_topic
+from streams.kafka.envelopes import Outbound
+from streams.kafka.topics import retry_topic
 
 __all__ = [
     "ATTEMPT_HEADER",

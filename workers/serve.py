@@ -10,10 +10,10 @@ import signal
 
 from schemas.messages import Lane
 from schemas.settings import Settings
-from streams.backlog import BacklogBoard
-from streams.cache import ResponseCache
+from streams.cache.response import ResponseCache
 from streams.ops import ProcessState
-from streams.sessions import SessionStore
+from streams.stores.backlog import BacklogBoard
+from streams.stores.sessions import SessionStore
 from workers.answered import Remember
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore

@@ -26,10 +26,10 @@ from schemas.messages import (
     peek_routed_address,
 )
 from schemas.settings import Settings
-from streams.cache_keys import cache_key, store_refusal
-from streams.envelopes import Outbound, dlq_for, terminal_records
+from streams.cache.keys import cache_key, store_refusal
+from streams.kafka.envelopes import Outbound, dlq_for, terminal_records
 from streams.ops import RECORDS
-from streams.sessions import context_digest
+from streams.stores.sessions import context_digest
 from workers.answered import attempt_event
 from workers.result_store import RecordKey
 from workers.retry import (

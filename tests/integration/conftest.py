@@ -22,9 +22,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
 from schemas.settings import Settings
 from streams.client import LanewayClient
-from streams.embedded import free_port
-from streams.rulefile import EXAMPLE_RULES_FILE
-from streams.supervisor import Stack
+from streams.rules.rulefile import EXAMPLE_RULES_FILE
+from streams.tools.embedded import EmbeddedRedis, free_port
+from streams.tools.supervisor import Stack
 
 # The stack's rule file: the shipped example, copied so a test can edit it
 # (hot reload). Written by the ``stack`` fixture before the stack starts.
@@ -66,6 +66,18 @@ def supervised(stack: Stack) -> Iterator[Stack]:
         stop.set()
         supervisor.join(timeout=35)  # a restart pause is at most 30 s
         stack.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """Redis for the tests that need Redis alone, never skipped: the machine's
+    when ``LANEWAY_REDIS_URL`` is set, else an embedded Valkey of their own."""
+    url = os.environ.get("LANEWAY_REDIS_URL")
+    if url:
+        yield url
+        return
+    with EmbeddedRedis() as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import pytest
 from schemas.errors import BackendUnavailable, DeadlineExceeded
 from schemas.messages import ChatMessage, InferenceRequest, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings
-from streams.embedded import free_port
+from streams.tools.embedded import free_port
 from workers.backends.base import Backend, Generation, GenerationInput, create_backend
 from workers.execution import Executor, backend_slots
 from workers.models import resolve_gguf

@@ -1,13 +1,12 @@
 """The response cache against a real Redis and the real all-MiniLM-L6-v2 model.
 
-Needs only Redis (``LANEWAY_REDIS_URL``, else the local default), not the
+Needs only Redis (``LANEWAY_REDIS_URL``, else an embedded Valkey), not the
 stack: every test uses its own key prefix and deletes its keys afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -15,15 +14,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from schemas.messages import ErrorInfo, InferenceRequest, InferenceResult, Path
 from schemas.settings import CacheSettings
-from streams.cache import LOOKUPS, STORES, ResponseCache
-from streams.embedding import MiniLMEmbedder
+from streams.cache.embedding import MiniLMEmbedder
+from streams.cache.response import LOOKUPS, STORES, ResponseCache
 from streams.ops import REDIS_ERRORS
-
-REDIS_URL = os.environ.get("LANEWAY_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def req(prompt: str, **fields: Any) -> InferenceRequest:
@@ -52,13 +48,8 @@ def embedder() -> Iterator[MiniLMEmbedder]:
 
 
 @pytest.fixture
-async def redis_client() -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-    try:
-        await client.ping()
-    except (RedisError, OSError) as exc:
-        await client.aclose()
-        pytest.skip(f"no Redis answers at {REDIS_URL}: {exc}")
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     yield client
     await client.aclose()
 

@@ -10,7 +10,7 @@ from aiokafka import ConsumerRecord
 from schemas.errors import BackendUnavailable
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings, Settings
-from streams.topics import create_topics
+from streams.kafka.topics import create_topics
 from tests.integration.conftest import produce_to_lane, read_topic, routed_now
 from workers.execution import Executor, Finished, backend_slots
 from workers.lane_worker import LaneWorker

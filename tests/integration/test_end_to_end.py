@@ -17,7 +17,7 @@ import pytest
 from schemas.messages import InferenceResult
 from schemas.settings import Settings
 from streams.client import LanewayClient
-from streams.supervisor import Stack
+from streams.tools.supervisor import Stack
 from tests.integration.conftest import read_topic
 
 
@@ -151,7 +151,7 @@ def test_laneway_ask_cli(settings: Settings) -> None:
         [
             sys.executable,
             "-m",
-            "streams.cli",
+            "streams.tools.cli",
             "--bootstrap",
             settings.kafka.bootstrap,
             "ask",

@@ -12,9 +12,9 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from schemas.messages import Lane
 from schemas.settings import BackendSettings, Settings
-from streams.backlog import BacklogBoard
 from streams.client import LanewayClient
-from streams.topics import create_topics
+from streams.kafka.topics import create_topics
+from streams.stores.backlog import BacklogBoard
 from tests.integration.conftest import CHILD_ENV
 from workers.execution import Executor, backend_slots
 from workers.lane_worker import LaneWorker

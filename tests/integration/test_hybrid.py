@@ -17,12 +17,12 @@ from schemas.messages import (
     RoutedRequest,
 )
 from schemas.settings import Settings
-from streams.cache import ResponseCache
-from streams.cache_keys import cache_key
+from streams.cache.keys import cache_key
+from streams.cache.response import ResponseCache
+from streams.classify.router import RouteBoard
 from streams.client import LanewayClient
-from streams.router import RouteBoard
-from streams.sessions import SessionStore
-from streams.supervisor import Stack
+from streams.stores.sessions import SessionStore
+from streams.tools.supervisor import Stack
 from tests.integration.conftest import produce_to_lane, read_topic, routed_now
 
 

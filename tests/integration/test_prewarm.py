@@ -9,10 +9,10 @@ import uuid
 
 from schemas.messages import InferenceRequest, Path
 from schemas.settings import Settings
-from streams.cache_keys import cache_key
+from streams.cache.hot_questions import DAY_S, HotQuestions, day_keys, day_of, rank, read_days
+from streams.cache.keys import cache_key
+from streams.cache.prewarm import prewarm
 from streams.client import LanewayClient
-from streams.hot_questions import DAY_S, HotQuestions, day_keys, day_of, rank, read_days
-from streams.prewarm import prewarm
 
 
 async def test_counts_are_added_per_day_trimmed_and_expire(settings: Settings) -> None:

@@ -28,18 +28,18 @@ from aiokafka import AIOKafkaProducer, ConsumerRecord
 from schemas.errors import ErrorCode
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings, Settings
-from streams.backlog import BacklogBoard
-from streams.bench import (
+from streams.client import LanewayClient
+from streams.kafka.topics import create_topics, retry_topic
+from streams.stores.backlog import BacklogBoard
+from streams.tools.bench import (
     RULE_PROMPTS,
     SIMPLE_PROMPTS,
     format_steps,
     overload_step,
     step_row,
 )
-from streams.client import LanewayClient
-from streams.embedded import free_port
-from streams.supervisor import Stack
-from streams.topics import create_topics, retry_topic
+from streams.tools.embedded import free_port
+from streams.tools.supervisor import Stack
 from tests.integration.conftest import (
     produce_raw,
     produce_to_lane,
@@ -490,7 +490,7 @@ async def test_redis_stopped_and_started_loses_no_request(resilient_stack: Stack
     assert redis.url == settings.redis.url  # back where the children look for it
 
 
-# ~22 s: faust's session and rebalance timeouts are 10 s (streams.faust_transport);
+# ~22 s: faust's session and rebalance timeouts are 10 s (streams.kafka.faust_transport);
 # with faust's 60 s defaults the restarted classifier waited ~110 s for its partitions.
 async def test_classifier_killed_mid_stream_loses_no_request(resilient_stack: Stack) -> None:
     classifier = resilient_stack.child("classifier")

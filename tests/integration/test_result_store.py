@@ -11,9 +11,9 @@ from aiokafka import AIOKafkaProducer, ConsumerRecord
 
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings, Settings
-from streams.embedded import free_port
+from streams.kafka.topics import create_topics
 from streams.ops import REDIS_ERRORS
-from streams.topics import create_topics
+from streams.tools.embedded import free_port
 from tests.integration.conftest import read_topic, routed_now
 from workers.execution import Executor, Finished, backend_slots
 from workers.lane_worker import LaneWorker

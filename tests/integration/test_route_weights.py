@@ -18,10 +18,10 @@ import pytest
 
 from schemas.messages import InferenceResult, Lane, Path
 from schemas.settings import Settings
+from streams.classify.router import RouteBoard
 from streams.client import LanewayClient
-from streams.embedded import free_port
-from streams.router import RouteBoard
-from streams.supervisor import Stack
+from streams.tools.embedded import free_port
+from streams.tools.supervisor import Stack
 
 from .servers import llama_cpp_server
 

@@ -5,28 +5,17 @@ embedded Valkey; not the session-wide stack, which this does not need."""
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from schemas.settings import RedisSettings
-from streams.embedded import EmbeddedRedis, free_port
-from streams.rulefile import EXAMPLE_RULES_FILE
-from streams.rules import RuleBook
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    url = os.environ.get("LANEWAY_REDIS_URL")
-    if url:
-        yield url
-        return
-    with EmbeddedRedis() as server:
-        yield server.url
+from streams.rules.engine import RuleBook
+from streams.rules.rulefile import EXAMPLE_RULES_FILE
+from streams.tools.embedded import free_port
 
 
 @pytest.fixture

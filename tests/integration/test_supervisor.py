@@ -7,7 +7,7 @@ import io
 import pytest
 
 from schemas.settings import Settings
-from streams.supervisor import Stack
+from streams.tools.supervisor import Stack
 
 
 def test_a_stack_that_cannot_start_leaves_nothing_running() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from schemas.errors import BackendUnavailable
 from schemas.settings import BackendSettings
-from streams.rules import RuleBook
+from streams.rules.engine import RuleBook
 from workers.backends.base import Generation, GenerationInput, Outcome
 
 __all__ = ["RulesBackend"]

@@ -52,7 +52,7 @@ def test_sasl_password_is_secret(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_tls_settings_reach_aiokafka_and_faust() -> None:
     import ssl
 
-    from streams.faust_transport import _broker_options as _faust_broker_options
+    from streams.kafka.faust_transport import _broker_options as _faust_broker_options
 
     plain = KafkaSettings()
     assert "ssl_context" not in plain.client_options()

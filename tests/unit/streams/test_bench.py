@@ -1,6 +1,13 @@
 from schemas.errors import DeadlineExceeded, RateLimited
 from schemas.messages import InferenceResult
-from streams.bench import Sample, format_steps, format_table, mixed_workload, step_row, summarize
+from streams.tools.bench import (
+    Sample,
+    format_steps,
+    format_table,
+    mixed_workload,
+    step_row,
+    summarize,
+)
 
 
 def test_mixed_workload_shape() -> None:

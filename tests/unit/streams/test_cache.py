@@ -11,7 +11,8 @@ import pytest
 
 from schemas.messages import ErrorInfo, InferenceRequest, InferenceResult, Path
 from schemas.settings import CacheSettings
-from streams.cache import (
+from streams.cache.embedding import Embedder, MiniLMEmbedder
+from streams.cache.response import (
     SemanticIndex,
     cache_control,
     cache_key,
@@ -21,7 +22,6 @@ from streams.cache import (
     request_entities,
     store_refusal,
 )
-from streams.embedding import Embedder, MiniLMEmbedder
 
 SETTINGS = CacheSettings()
 

@@ -2,8 +2,14 @@ import json
 
 from schemas.messages import InferenceResult, QualityEvent, RoutedRequest
 from schemas.settings import RoutingSettings, Settings
-from streams.classifier import Admitted, SourceRecord, admit, classify_record, refuse_over_limit
-from streams.rules import RuleBook
+from streams.classify.classifier import (
+    Admitted,
+    SourceRecord,
+    admit,
+    classify_record,
+    refuse_over_limit,
+)
+from streams.rules.engine import RuleBook
 
 SETTINGS = Settings(routing=RoutingSettings(exploration=0.0))  # no random exploration
 NOW = 1_700_000_000_000
@@ -125,11 +131,11 @@ def test_accepted_requests_carry_their_request_for_the_limiter() -> None:
 
 def test_a_cache_hit_is_answered_by_the_classifier() -> None:
     from schemas.messages import ChatMessage, Path
-    from streams.cache import CacheHit
-    from streams.classifier import route
-    from streams.policy import Found
-    from streams.registry import builtin_registry
-    from streams.router import SmartRouter
+    from streams.cache.response import CacheHit
+    from streams.classify.classifier import route
+    from streams.classify.policy import Found
+    from streams.classify.registry import builtin_registry
+    from streams.classify.router import SmartRouter
 
     admitted = admit(record(body()), now_ms=NOW, settings=SETTINGS)
     assert isinstance(admitted, Admitted)
@@ -160,11 +166,11 @@ def test_a_cache_hit_is_answered_by_the_classifier() -> None:
 def test_a_route_chosen_to_explore_is_marked_on_the_lane_record() -> None:
     import random
 
-    from streams.app import _choice
-    from streams.classifier import route
-    from streams.policy import Found
-    from streams.registry import builtin_registry
-    from streams.router import SmartRouter
+    from streams.classify.app import _choice
+    from streams.classify.classifier import route
+    from streams.classify.policy import Found
+    from streams.classify.registry import builtin_registry
+    from streams.classify.router import SmartRouter
 
     admitted = admit(record(body(prompt="Name a colour.")), now_ms=NOW, settings=SETTINGS)
     assert isinstance(admitted, Admitted)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from schemas.messages import InferenceResult
 from schemas.settings import Settings
-from streams.classifier import SourceRecord, classify_record
-from streams.rules import RuleBook
+from streams.classify.classifier import SourceRecord, classify_record
+from streams.rules.engine import RuleBook
 
 SETTINGS = Settings()
 RULES = RuleBook()

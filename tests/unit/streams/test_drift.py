@@ -9,7 +9,7 @@ from bisect import bisect_right
 import pytest
 
 from schemas.settings import DriftSettings
-from streams.drift import DRIFT_PSI, DriftMonitor, Value, numeric_bins, psi
+from streams.classify.drift import DRIFT_PSI, DriftMonitor, Value, numeric_bins, psi
 
 
 def test_psi_of_identical_distributions_is_zero() -> None:
@@ -139,7 +139,7 @@ def test_disabled_monitor_observes_nothing() -> None:
 
 def test_observe_and_score_are_cheap() -> None:
     """Budget for the hot path: the classifier observes every request. The
-    rows have the shape of ``streams.features.RequestFeatures.as_dict()``."""
+    rows have the shape of ``streams.classify.features.RequestFeatures.as_dict()``."""
     rng = random.Random(4)
     rows: list[dict[str, Value]] = [
         {

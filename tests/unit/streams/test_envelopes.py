@@ -1,7 +1,7 @@
 import asyncio
 
 from schemas.settings import Settings
-from streams.envelopes import Outbound, deliver
+from streams.kafka.envelopes import Outbound, deliver
 
 SETTINGS = Settings()
 

@@ -1,12 +1,12 @@
 from aiokafka import AIOKafkaConsumer
 
 from schemas.settings import KafkaSettings, Settings
-from streams.app import build_app
+from streams.classify.app import build_app
 from streams.ops import ProcessState
 
 
 async def test_aiokafka_still_reads_the_fetch_wait_attribute_we_set() -> None:
-    # streams.faust_transport sets this private attribute before start();
+    # streams.kafka.faust_transport sets this private attribute before start();
     # an aiokafka upgrade that renames it must fail here, not in production.
     consumer = AIOKafkaConsumer(fetch_max_wait_ms=7)
     assert consumer._fetch_max_wait_ms == 7
@@ -21,7 +21,7 @@ def test_classifier_app_uses_the_tuned_transport() -> None:
 
 
 def test_printed_redis_urls_hide_the_password() -> None:
-    from streams.supervisor import _without_password
+    from streams.tools.supervisor import _without_password
 
     assert _without_password("redis://:s3cret@cache:6379/0") == "redis://:***@cache:6379/0"
     assert _without_password("redis://user:s3cret@cache/1") == "redis://user:***@cache/1"

@@ -2,7 +2,7 @@ import pytest
 
 from schemas.messages import InferenceRequest
 from schemas.settings import RoutingSettings
-from streams.features import Complexity, complexity_of, detect_language, extract_features
+from streams.classify.features import Complexity, complexity_of, detect_language, extract_features
 
 ROUTING = RoutingSettings()
 

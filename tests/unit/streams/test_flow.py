@@ -4,11 +4,11 @@ import pytest
 
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import RoutingSettings, Settings
-from streams.classifier import SourceRecord, classify_record
-from streams.features import Complexity
-from streams.flow import FlowController, Shed, apply_level
-from streams.policy import Decision
-from streams.rules import RuleBook
+from streams.classify.classifier import SourceRecord, classify_record
+from streams.classify.features import Complexity
+from streams.classify.flow import FlowController, Shed, apply_level
+from streams.classify.policy import Decision
+from streams.rules.engine import RuleBook
 
 
 def controller() -> FlowController:

@@ -6,8 +6,8 @@ import redis.asyncio as aioredis
 
 from schemas.messages import InferenceRequest
 from schemas.settings import CacheSettings, PrewarmSettings
-from streams.cache_keys import cache_key
-from streams.hot_questions import HotQuestion, HotQuestions, day_of, question_of, rank
+from streams.cache.hot_questions import HotQuestion, HotQuestions, day_of, question_of, rank
+from streams.cache.keys import cache_key
 
 CACHE = CacheSettings()
 

@@ -4,11 +4,11 @@ import pytest
 
 from schemas.messages import InferenceRequest, Lane, Path
 from schemas.settings import BackendSettings, RoutingSettings
-from streams.features import Complexity, estimate_tokens
-from streams.policy import Decision, Found, decide
-from streams.registry import builtin_registry
-from streams.router import SmartRouter
-from streams.rules import Rule, RuleBook
+from streams.classify.features import Complexity, estimate_tokens
+from streams.classify.policy import Decision, Found, decide
+from streams.classify.registry import builtin_registry
+from streams.classify.router import SmartRouter
+from streams.rules.engine import Rule, RuleBook
 
 ROUTING = RoutingSettings(exploration=0.0)
 RULES = RuleBook()

@@ -5,8 +5,8 @@ import pytest
 from schemas.errors import RateLimited
 from schemas.messages import InferenceResult, Path
 from schemas.settings import CacheSettings, PrewarmSettings, Settings
-from streams.hot_questions import HotQuestion
-from streams.prewarm import PrewarmReport, _tally, coverage, format_report, prewarm
+from streams.cache.hot_questions import HotQuestion
+from streams.cache.prewarm import PrewarmReport, _tally, coverage, format_report, prewarm
 
 HOT = [HotQuestion("a", 6, "{}"), HotQuestion("b", 3, "{}"), HotQuestion("c", 1, "{}")]
 
@@ -41,7 +41,7 @@ async def test_a_refresh_floor_above_the_cache_lifetime_is_refused() -> None:
 
 def test_answers_come_back_on_the_tenants_own_topic_where_it_must() -> None:
     from schemas.settings import LimitsSettings
-    from streams.prewarm import _reply_topic
+    from streams.cache.prewarm import _reply_topic
 
     acme = HotQuestion("k", 3, '{"prompt": "hi", "tenant": "acme"}')
     anyone = HotQuestion("k", 3, '{"prompt": "hi"}')

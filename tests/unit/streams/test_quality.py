@@ -1,7 +1,7 @@
 """What the quality loop remembers of an answer for the feedback join."""
 
 from schemas.messages import Path
-from streams.quality import Answered
+from streams.quality.loop import Answered
 
 
 def test_an_answer_is_remembered_with_its_cache_entry() -> None:

@@ -5,10 +5,10 @@ import pytest
 
 from schemas.messages import Lane, Path, QualityEvent
 from schemas.settings import BackendSettings, RoutingSettings, Settings
-from streams.features import Complexity
-from streams.quality import LaneLatency, fold
-from streams.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
-from streams.router import PathStats, SmartRouter, ewma, score_paths
+from streams.classify.features import Complexity
+from streams.classify.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
+from streams.classify.router import PathStats, SmartRouter, ewma, score_paths
+from streams.quality.loop import LaneLatency, fold
 
 REGISTRY = builtin_registry(BackendSettings())
 SETTINGS = Settings()

@@ -14,10 +14,10 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from streams.intents import MAX_CLASSIFY_CHARS, IntentIndex, IntentSpec, classify_intent
 from streams.ops import REDIS_ERRORS
-from streams.rulefile import EXAMPLE_RULES_FILE, RuleFileError, RuleSource
-from streams.rules import Rule, RuleBook, Template
+from streams.rules.engine import Rule, RuleBook, Template
+from streams.rules.intents import MAX_CLASSIFY_CHARS, IntentIndex, IntentSpec, classify_intent
+from streams.rules.rulefile import EXAMPLE_RULES_FILE, RuleFileError, RuleSource
 
 EXAMPLE = RuleBook.from_file(EXAMPLE_RULES_FILE)
 
@@ -366,10 +366,10 @@ async def test_redis_outage_is_logged_once_and_not_retried_at_once(
     rules = book(JSON_BOOK)
     down = FakeRedis(error=RedisConnectionError("connection refused"))
     before = REDIS_ERRORS.labels("rules")._value.get()
-    with caplog.at_level(logging.WARNING, logger="streams.rules"):
+    with caplog.at_level(logging.WARNING, logger="streams.rules.engine"):
         answers = [await rules.respond("account ann", down, "p") for _ in range(3)]  # type: ignore[arg-type]
     assert answers == [None, None, None]
-    assert down.calls == 1  # the next requests skip Redis for RETRY_REDIS_S
+    assert down.calls == 1  # the next requests skip Redis for failopen.REST_S
     assert caplog.text.count("Redis failed") == 1
     assert REDIS_ERRORS.labels("rules")._value.get() == before + 1
 
@@ -397,7 +397,7 @@ def test_reload_picks_up_changes_and_keeps_the_last_good_book(
     assert source.book.answer("ping").text == "two"  # type: ignore[union-attr]
 
     path.write_text(BROKEN)
-    with caplog.at_level(logging.ERROR, logger="streams.rules"):
+    with caplog.at_level(logging.ERROR, logger="streams.rules.engine"):
         assert source.reload_if_changed() is False
         assert source.reload_if_changed() is False  # logged once per broken content
     assert source.book.answer("ping").text == "two"  # type: ignore[union-attr]

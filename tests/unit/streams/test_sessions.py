@@ -8,8 +8,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from schemas.messages import ChatMessage, InferenceRequest
 from schemas.settings import SessionSettings
-from streams.features import estimate_tokens
-from streams.sessions import (
+from streams.classify.features import estimate_tokens
+from streams.stores.sessions import (
     SESSION_ERRORS,
     SessionStore,
     context_digest,

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from schemas.errors import BackendUnavailable, DeadlineExceeded, LanewayError, OutOfMemory
 from schemas.messages import InferenceResult, Lane
 from schemas.settings import Settings
-from streams.topics import retry_topic, topic_specs
+from streams.kafka.topics import retry_topic, topic_specs
 from workers.retry import (
     ATTEMPT_HEADER,
     NOT_BEFORE_HEADER,

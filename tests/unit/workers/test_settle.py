@@ -145,8 +145,8 @@ def test_an_unreadable_lane_record_answers_its_client_when_it_names_one() -> Non
 
 def test_an_answer_names_the_cache_entry_it_came_from_or_is_stored_under() -> None:
     from schemas.messages import ChatMessage
-    from streams.cache_keys import cache_key
-    from streams.sessions import context_digest
+    from streams.cache.keys import cache_key
+    from streams.stores.sessions import context_digest
 
     asked = routed("answer")
     model = InferenceResult(id="answer", status="ok", output="4", path=Path.HEAVY)

@@ -1,6 +1,6 @@
 """The classifier's decision for one request record, as pure functions.
 
-The faust agent (``streams.app``) decodes nothing itself. ``admit`` turns a
+The faust agent (``streams.classify.app``) decodes nothing itself. ``admit`` turns a
 raw record into an accepted request or a refusal; the agent then asks
 Redis what it needs (rate limit, session history, cache, rule lookups)
 and ``route`` turns the request and what was found into the records to
@@ -37,12 +37,12 @@ from schemas.messages import (
     peek_reply_address,
 )
 from schemas.settings import Settings
-from streams.envelopes import Outbound, dlq_for, terminal_records
-from streams.flow import Shed, apply_level
-from streams.policy import Decision, Found, decide
-from streams.registry import builtin_registry
-from streams.router import PathStats, SmartRouter
-from streams.rules import RuleBook
+from streams.classify.flow import Shed, apply_level
+from streams.classify.policy import Decision, Found, decide
+from streams.classify.registry import builtin_registry
+from streams.classify.router import PathStats, SmartRouter
+from streams.kafka.envelopes import Outbound, dlq_for, terminal_records
+from streams.rules.engine import RuleBook
 
 __all__ = [
     "Admitted",
@@ -129,7 +129,7 @@ def route(
     level: int = 0,
     history: Sequence[ChatMessage] = (),
 ) -> Classified:
-    """``level``: the flow controller's load level (``streams.flow``)."""
+    """``level``: the flow controller's load level (``streams.classify.flow``)."""
     request, reply_to = admitted.request, admitted.reply_to
     age_ms = admitted.age_ms(now_ms)
     decision = decide(request, found, settings.routing, router, stats or {})

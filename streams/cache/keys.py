@@ -2,7 +2,7 @@
 the exact-match key, cache control, the entity guard and the store policy.
 
 No Redis, no asyncio, no numpy: everything here is a function of the request
-(and result) alone. ``streams.cache`` re-exports the public names.
+(and result) alone. ``streams.cache.response`` re-exports the public names.
 """
 
 from __future__ import annotations

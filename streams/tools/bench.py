@@ -22,9 +22,9 @@ from typing import Any
 
 from schemas.messages import InferenceResult
 from schemas.settings import Settings
-from streams.classifier import SourceRecord, classify_record
+from streams.classify.classifier import SourceRecord, classify_record
 from streams.client import LanewayClient
-from streams.rules import RuleBook
+from streams.rules.engine import RuleBook
 
 __all__ = ["Row", "Sample", "format_table", "mixed_workload", "run_bench", "summarize"]
 
@@ -312,7 +312,7 @@ async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow
 def run_bench(settings: Settings, args: argparse.Namespace) -> int:
     stack = None
     if args.embedded:
-        from streams.supervisor import Stack
+        from streams.tools.supervisor import Stack
 
         stack = Stack(
             settings,

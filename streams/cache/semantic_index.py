@@ -1,7 +1,7 @@
 """The response cache's in-memory semantic index (pure: no Redis, no asyncio).
 
 Entries are partitioned by scope *and* entity set, so a lookup only ever
-compares against prompts that could share an answer. ``streams.cache``
+compares against prompts that could share an answer. ``streams.cache.response``
 re-exports ``SemanticIndex``.
 """
 

@@ -10,14 +10,13 @@ policy (fail-open by default), counted in ``laneway_redis_errors_total``.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from schemas.settings import RateLimitSettings
-from streams.ops import REDIS_ERRORS
+from streams.stores.failopen import FailOpen
 
 __all__ = ["RateLimiter", "Verdict"]
 
@@ -63,30 +62,25 @@ class RateLimiter:
         self._settings = settings
         self._prefix = prefix
         self._script = client.register_script(_TOKEN_BUCKET)
-        self._skip_until = 0.0
-
-    RETRY_REDIS_S = 1.0
-    """After a failure, Redis is not asked again for this long: the classifier
-    handles records one at a time and must not pay a socket timeout on each."""
+        self._failopen = FailOpen(
+            f"rate limiter (fail_open={settings.fail_open})", log=log, label="ratelimit"
+        )
 
     async def check(self, tenant: str | None) -> Verdict:
         if not self._settings.enabled:
             return Verdict(allowed=True)
         limit = self._settings.limit_for(tenant)
         key = f"{self._prefix}:ratelimit:{tenant or '-'}"
-        if time.monotonic() < self._skip_until:
+        if self._failopen.resting():
             return Verdict(allowed=self._settings.fail_open, retry_after_ms=1000, degraded=True)
         try:
             allowed, retry_after_ms = await self._script(
                 keys=[key], args=[limit.rps, limit.burst, 1]
             )
         except (RedisError, OSError) as exc:
-            REDIS_ERRORS.labels("ratelimit").inc()
-            self._skip_until = time.monotonic() + self.RETRY_REDIS_S
-            log.warning(
-                "rate limiter cannot reach Redis (fail_open=%s): %s", self._settings.fail_open, exc
-            )
+            self._failopen.failed("check", exc)
             return Verdict(allowed=self._settings.fail_open, retry_after_ms=1000, degraded=True)
+        self._failopen.answered()
         return Verdict(allowed=bool(allowed), retry_after_ms=int(retry_after_ms))
 
     async def close(self) -> None:

@@ -16,7 +16,7 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from schemas.settings import Settings
-from streams.envelopes import Outbound
+from streams.kafka.envelopes import Outbound
 
 __all__ = ["LanewayApp", "new_app", "raw_sender", "raw_topic"]
 
@@ -101,7 +101,7 @@ def raw_topic(app: faust.App, name: str) -> Any:
 
 
 def raw_sender(app: faust.App) -> Callable[[Outbound], Awaitable[Any]]:
-    """``send`` for ``streams.envelopes.deliver``: produce an ``Outbound``
+    """``send`` for ``streams.kafka.envelopes.deliver``: produce an ``Outbound``
     as raw bytes; the returned awaitable resolves on the broker's ack."""
 
     async def send(record: Outbound) -> Any:

@@ -3,7 +3,7 @@
 The classifier counts every request the cache could answer (temperature 0,
 no conversation context, cache not bypassed) in memory, under its exact
 cache key, and adds the counts to Redis every ``flush_interval_s`` in one
-round trip. The nightly pre-warm (``streams.prewarm``) ranks the keys over
+round trip. The nightly pre-warm (``streams.cache.prewarm``) ranks the keys over
 the last ``days`` and refreshes the entries of the hot ones before they
 expire. Variants the cache treats as one question ("What is DNS?", "what is
 dns") count as one; the first one seen that day is the one re-asked.
@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 
 from schemas.messages import InferenceRequest
 from schemas.settings import CacheSettings, PrewarmSettings
-from streams.cache_keys import cache_control, cache_key
+from streams.cache.keys import cache_control, cache_key
 from streams.ops import REDIS_ERRORS
 
 __all__ = ["HotQuestion", "HotQuestions", "day_of", "question_of", "rank", "read_days"]

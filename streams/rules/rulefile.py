@@ -3,8 +3,8 @@ hot reload.
 
 A rule file is refused whole at load when any rule could not render: a regex
 that does not compile, a placeholder nothing provides, an unknown intent. The
-format is documented in ``streams/rules.example.yaml``; the runtime (matching,
-templates, lookups) is ``streams.rules``.
+format is documented in ``streams/rules/rules.example.yaml``; the runtime (matching,
+templates, lookups) is ``streams.rules.engine``.
 
 ``RuleSource`` keeps the current book and hot-reloads the file: a broken
 edit is logged (naming the rule and what is wrong) and the last good book
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from streams.intents import IntentIndex, IntentSpec, keyword_regex
-from streams.rules import Lookup, Rule, RuleBook, Template
+from streams.rules.engine import Lookup, Rule, RuleBook, Template
+from streams.rules.intents import IntentIndex, IntentSpec, keyword_regex
 
 if TYPE_CHECKING:
     from schemas.settings import RulesSettings
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["EXAMPLE_RULES_FILE", "RuleFileError", "RuleSource"]
 
 # Same logger as the runtime: rule-file messages kept their name across the split.
-log = logging.getLogger("streams.rules")
+log = logging.getLogger("streams.rules.engine")
 
 EXAMPLE_RULES_FILE = Path(__file__).with_name("rules.example.yaml")
 

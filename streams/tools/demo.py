@@ -10,7 +10,7 @@ from typing import Any
 
 from schemas.settings import Settings
 from streams.client import LanewayClient, result_summary
-from streams.supervisor import Stack
+from streams.tools.supervisor import Stack
 
 __all__ = ["SAMPLES", "run_demo"]
 

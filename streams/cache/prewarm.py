@@ -1,7 +1,7 @@
 """``laneway prewarm``: the nightly cache pre-warm.
 
 Ranks the questions the classifier counted over the last ``days``
-(``streams.hot_questions``), keeps those asked at least ``min_count`` times,
+(``streams.cache.hot_questions``), keeps those asked at least ``min_count`` times,
 and asks each of the ``top`` again whose cache entry is missing or has less
 than ``refresh_below_s`` to live. The questions go through the running
 stack like any client's, on the bulk lane, with ``metadata.cache="bypass"``
@@ -29,9 +29,9 @@ from typing import Any
 
 from schemas.messages import InferenceResult, Lane
 from schemas.settings import Settings
-from streams.cache_keys import MODEL_PATHS
+from streams.cache.hot_questions import HotQuestion, day_of, rank, read_days
+from streams.cache.keys import MODEL_PATHS
 from streams.client import LanewayClient
-from streams.hot_questions import HotQuestion, day_of, rank, read_days
 
 __all__ = ["PrewarmReport", "format_report", "prewarm"]
 

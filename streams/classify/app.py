@@ -23,22 +23,29 @@ import faust
 from schemas.errors import BackendUnavailable
 from schemas.messages import ChatMessage, Lane, QualityEvent
 from schemas.settings import Settings
-from streams.backlog import BacklogBoard, LatencyBoard
-from streams.cache import ResponseCache
-from streams.classifier import Admitted, Classified, SourceRecord, admit, refuse_over_limit, route
-from streams.drift import DriftMonitor
-from streams.embedding import MiniLMEmbedder
-from streams.envelopes import Outbound, deliver, dlq_for
-from streams.faust_transport import new_app, raw_sender, raw_topic
-from streams.flow import FlowController
-from streams.hot_questions import HotQuestions
+from streams.cache.embedding import MiniLMEmbedder
+from streams.cache.hot_questions import HotQuestions
+from streams.cache.response import ResponseCache
+from streams.classify.classifier import (
+    Admitted,
+    Classified,
+    SourceRecord,
+    admit,
+    refuse_over_limit,
+    route,
+)
+from streams.classify.drift import DriftMonitor
+from streams.classify.flow import FlowController
+from streams.classify.policy import Decision, Found
+from streams.classify.registry import load_registry
+from streams.classify.router import RouteBoard, SmartRouter
+from streams.kafka.envelopes import Outbound, deliver, dlq_for
+from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
-from streams.policy import Decision, Found
-from streams.ratelimit import RateLimiter
-from streams.registry import load_registry
-from streams.router import RouteBoard, SmartRouter
-from streams.rulefile import RuleSource
-from streams.sessions import SessionStore, context_digest
+from streams.rules.rulefile import RuleSource
+from streams.stores.backlog import BacklogBoard, LatencyBoard
+from streams.stores.ratelimit import RateLimiter
+from streams.stores.sessions import SessionStore, context_digest
 
 __all__ = ["Lookups", "build_app"]
 

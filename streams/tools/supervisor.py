@@ -26,8 +26,8 @@ from typing import IO
 
 from schemas.messages import Lane
 from schemas.settings import Settings
-from streams.embedded import EmbeddedBroker, EmbeddedRedis, free_port
-from streams.topics import create_topics, wait_for_broker
+from streams.kafka.topics import create_topics, wait_for_broker
+from streams.tools.embedded import EmbeddedBroker, EmbeddedRedis, free_port
 
 __all__ = ["Child", "Stack"]
 
@@ -145,7 +145,7 @@ class Stack:
 
     def _spawn(self, child: Child) -> None:
         child.proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", *child.args],
+            [sys.executable, "-m", "streams.tools.cli", *child.args],
             env=self._env(child),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

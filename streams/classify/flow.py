@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from schemas.messages import Lane, Path
-from streams.features import Complexity
-from streams.policy import Decision
+from streams.classify.features import Complexity
+from streams.classify.policy import Decision
 
 __all__ = ["FlowController", "Shed", "apply_level"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.settings import Settings
-from streams.bench import RULE_PROMPTS, Sample, _percentile, drive
+from streams.tools.bench import RULE_PROMPTS, Sample, _percentile, drive
 
 __all__ = ["CompareRow", "compare", "hybrid_workload"]
 
@@ -115,7 +115,7 @@ def _row(engine: str, samples: list[Sample], started: float, lost: int) -> Compa
 def _run_once(
     settings: Settings, engine: str, env: dict[str, str], args: argparse.Namespace
 ) -> CompareRow:
-    from streams.supervisor import Stack
+    from streams.tools.supervisor import Stack
 
     stack = Stack(
         settings,

@@ -13,7 +13,7 @@ classifiers' smart router.
   and to metrics, and each lane's p95 latency to the ``LatencyBoard`` that
   the classifier's flow controller reads.
 
-The agents are thin; the maths is ``streams.router.PathStats``.
+The agents are thin; the maths is ``streams.classify.router.PathStats``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from redis.exceptions import RedisError
 from schemas.errors import InvalidRequest
 from schemas.messages import Feedback, Lane, Path, QualityEvent, describe_errors
 from schemas.settings import Settings
-from streams.backlog import LatencyBoard
-from streams.cache import ResponseCache
-from streams.envelopes import Outbound, deliver, dlq_for
-from streams.faust_transport import new_app, raw_sender, raw_topic
+from streams.cache.response import ResponseCache
+from streams.classify.registry import load_registry
+from streams.classify.router import PathStats, RouteBoard
+from streams.kafka.envelopes import Outbound, deliver, dlq_for
+from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
-from streams.registry import load_registry
-from streams.router import PathStats, RouteBoard
+from streams.stores.backlog import LatencyBoard
 
 __all__ = ["Answered", "LaneLatency", "build_quality_app", "router_app_id"]
 

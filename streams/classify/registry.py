@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from schemas.messages import Lane, Path
 from schemas.settings import BackendSettings
-from streams.features import Complexity
+from streams.classify.features import Complexity
 
 __all__ = ["ModelEntry", "ModelRegistry", "RegistryError", "load_registry"]
 

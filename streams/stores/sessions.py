@@ -7,7 +7,7 @@ result (``append``). History is a convenience, not a record of truth:
 
 - Redis unreachable or the entry unreadable: the request runs without
   history (fail open), counted in ``laneway_session_errors_total``, and Redis
-  is left alone for ``RETRY_REDIS_S`` so a dead Redis costs one socket
+  is left alone for a second (``streams.stores.failopen``) so a dead Redis costs one socket
   timeout per second, not one per request.
 - A redelivered batch must not add the same exchange twice, and two workers
   may answer requests of one session at once. One Lua script reads, checks
@@ -16,7 +16,7 @@ result (``append``). History is a convenience, not a record of truth:
 Redis layout: one string key per session, ``{prefix}:session:{session_id}``,
 holding JSON ``{"turns": [{"role", "content", "tokens"}, ...], "ids": [...]}``
 with a TTL of ``SessionSettings.ttl_s`` refreshed on every append. ``tokens``
-is ``streams.features.estimate_tokens(content)``, computed here in Python, so
+is ``streams.classify.features.estimate_tokens(content)``, computed here in Python, so
 the script trims by exactly the estimate the pure ``trim_to_budget`` uses.
 ``ids`` are the last ``REMEMBERED_IDS`` request ids appended, kept even after
 their turns were trimmed away.
@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +37,8 @@ from redis.exceptions import RedisError
 
 from schemas.messages import ChatMessage, InferenceRequest
 from schemas.settings import SessionSettings
-from streams.features import estimate_tokens
+from streams.classify.features import estimate_tokens
+from streams.stores.failopen import FailOpen
 
 __all__ = [
     "SESSION_ERRORS",
@@ -186,10 +186,6 @@ def _decode(raw: bytes | str) -> list[ChatMessage]:
 class SessionStore:
     """History of each session in Redis; never raises, fails open."""
 
-    RETRY_REDIS_S = 1.0
-    """After a failure Redis is not asked again for this long: a worker must
-    not pay a socket timeout on every request while Redis is away."""
-
     def __init__(
         self, redis: aioredis.Redis, settings: SessionSettings, *, key_prefix: str
     ) -> None:
@@ -197,18 +193,16 @@ class SessionStore:
         self._settings = settings
         self._prefix = key_prefix
         self._append = redis.register_script(_APPEND)
-        self._skip_until = 0.0
+        self._failopen = FailOpen("session store", log=log, errors=SESSION_ERRORS)
 
     def key(self, session_id: str) -> str:
         return f"{self._prefix}:session:{session_id}"
 
     def _available(self) -> bool:
-        return self._settings.enabled and time.monotonic() >= self._skip_until
+        return self._settings.enabled and not self._failopen.resting()
 
     def _failed(self, op: str, exc: BaseException) -> None:
-        SESSION_ERRORS.labels(op).inc()
-        self._skip_until = time.monotonic() + self.RETRY_REDIS_S
-        log.warning("session %s failed, going on without history: %s", op, exc)
+        self._failopen.failed(op, exc)
 
     async def history(self, session_id: str | None) -> list[ChatMessage]:
         """The session's turns, oldest first; ``[]`` whenever there is none to

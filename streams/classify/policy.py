@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from schemas.messages import InferenceRequest, Lane, Path
 from schemas.settings import RoutingSettings
-from streams.cache import CacheHit
-from streams.features import (
+from streams.cache.response import CacheHit
+from streams.classify.features import (
     Complexity,
     RequestFeatures,
     complexity_of,
@@ -24,8 +24,8 @@ from streams.features import (
     extract_features,
     lane_for,
 )
-from streams.router import PathStats, SmartRouter
-from streams.rules import RuleAnswer
+from streams.classify.router import PathStats, SmartRouter
+from streams.rules.engine import RuleAnswer
 
 __all__ = ["Decision", "Found", "decide", "estimate_tokens"]
 

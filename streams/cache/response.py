@@ -29,7 +29,7 @@ in-memory index and ``sync()`` it from the sorted set, embedding entries that
 arrived without a vector and writing the vector back for the others.
 
 Redis trouble never fails a request: lookups miss, stores are dropped, the
-failure is counted and Redis is left alone for ``RETRY_REDIS_S``.
+failure is counted and Redis is left alone for a second (``streams.stores.failopen``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import asyncio
 import base64
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,7 +48,8 @@ from redis.exceptions import RedisError
 
 from schemas.messages import InferenceRequest, InferenceResult, Path
 from schemas.settings import CacheSettings
-from streams.cache_keys import (
+from streams.cache.embedding import Embedder
+from streams.cache.keys import (
     MODEL_PATHS,
     cache_control,
     cache_key,
@@ -60,9 +60,8 @@ from streams.cache_keys import (
     request_entities,
     store_refusal,
 )
-from streams.embedding import Embedder
-from streams.ops import REDIS_ERRORS
-from streams.semantic_index import SemanticIndex
+from streams.cache.semantic_index import SemanticIndex
+from streams.stores.failopen import FailOpen
 
 __all__ = [
     "EVICTIONS",
@@ -195,11 +194,6 @@ class ResponseCache:
     entries get embedded by the next ``sync()`` of a process that has one.
     """
 
-    RETRY_REDIS_S = 1.0
-    """After a Redis failure, Redis is not asked again for this long: the
-    classifier handles records one at a time and must not pay a socket
-    timeout on each."""
-
     def __init__(
         self,
         redis: aioredis.Redis,
@@ -218,7 +212,7 @@ class ResponseCache:
         )
         self._store_script = redis.register_script(_STORE)
         self._vector_script = redis.register_script(_SET_VECTOR)
-        self._skip_until = 0.0
+        self._failopen = FailOpen("response cache", log=log, label="cache")
         self._synced_to_ms: int | None = None
         self._sync_lock = asyncio.Lock()
 
@@ -252,6 +246,7 @@ class ResponseCache:
             log.exception("cache lookup failed; answering without the cache")
             LOOKUPS.labels("error").inc()
             return None
+        self._failopen.answered()
         LOOKUPS.labels(hit.kind if hit else "miss").inc()
         return hit
 
@@ -503,9 +498,7 @@ class ResponseCache:
     # -- Redis health --------------------------------------------------------
 
     def _redis_resting(self) -> bool:
-        return time.monotonic() < self._skip_until
+        return self._failopen.resting()
 
     def _redis_failed(self, op: str, exc: BaseException) -> None:
-        REDIS_ERRORS.labels("cache").inc()
-        self._skip_until = time.monotonic() + self.RETRY_REDIS_S
-        log.warning("response cache cannot reach Redis during %s (going on without): %s", op, exc)
+        self._failopen.failed(op, exc)

@@ -1,7 +1,7 @@
 """Deterministic answers for requests that need no model.
 
 A rule owns a request when one of its regex ``patterns`` matches the text or
-the text classifies as its ``intent`` (``streams.intents``); ``keywords``,
+the text classifies as its ``intent`` (``streams.rules.intents``); ``keywords``,
 when given, must all appear as well (alone they are the trigger). Rules are
 tried by ``priority``, highest first, then in file order. The answer is a
 template filled from the pattern's named groups and, for a rule with a
@@ -10,7 +10,7 @@ template filled from the pattern's named groups and, for a rule with a
 Everything is compiled when a rule file loads, so ``RuleBook.match`` costs a
 few regex searches and one intent classification per request. Loading,
 checking and hot-reloading rule files (``RuleSource``, ``RuleFileError``,
-``EXAMPLE_RULES_FILE``) live in ``streams.rulefile`` and are re-exported here.
+``EXAMPLE_RULES_FILE``) live in ``streams.rules.rulefile`` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -19,15 +19,14 @@ import json
 import logging
 import re
 import string
-import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from redis.exceptions import RedisError, ResponseError
 
-from streams.intents import IntentIndex
-from streams.ops import REDIS_ERRORS
+from streams.rules.intents import IntentIndex
+from streams.stores.failopen import FailOpen
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -195,11 +194,6 @@ class RuleBook:
     reload swaps whole books); the only state is whether Redis lookups are
     failing, so an outage is logged once and not paid for on every request."""
 
-    RETRY_REDIS_S = 1.0
-    """After a lookup failed, Redis is not asked again for this long: the
-    classifier handles records one at a time and must not wait out a socket
-    timeout on each."""
-
     def __init__(
         self,
         rules: Sequence[Rule] = DEFAULT_RULES,
@@ -213,20 +207,19 @@ class RuleBook:
             raise ValueError(f"rules name unknown intents: {sorted(unknown)}")
         self.rules: tuple[Rule, ...] = tuple(sorted(rules, key=lambda r: -r.priority))
         self.source = source
-        self._redis_failing = False
-        self._skip_redis_until = 0.0
+        self._failopen = FailOpen("rule lookups", log=log, label="rules")
 
     @classmethod
     def from_yaml(cls, text: str | bytes, *, source: str = "<string>") -> RuleBook:
         """Parse and compile a rule file's content; ``RuleFileError`` says why not."""
-        from streams.rulefile import _compile_file
+        from streams.rules.rulefile import _compile_file
 
         rules, intents = _compile_file(text, source=source)
         return cls(rules, intents, source=source)
 
     @classmethod
     def from_file(cls, path: Path) -> RuleBook:
-        from streams.rulefile import RuleFileError
+        from streams.rules.rulefile import RuleFileError
 
         try:
             data = path.read_bytes()
@@ -235,7 +228,7 @@ class RuleBook:
         return cls.from_yaml(data, source=str(path))
 
     def classify(self, text: str) -> tuple[str | None, float]:
-        """The text's intent by this book's intents (see ``streams.intents``)."""
+        """The text's intent by this book's intents (see ``streams.rules.intents``)."""
         return self.intents.classify(text)
 
     def match(
@@ -284,7 +277,7 @@ class RuleBook:
         if not all(_KEY_VALUE.fullmatch(values.get(n, "")) for n in lookup.key.fields):
             return None  # not a value to put into a key; let a model handle it
         key = f"{key_prefix}:{lookup.key.render(values)}"
-        if time.monotonic() < self._skip_redis_until:
+        if self._failopen.resting():
             return None
         try:
             if lookup.format == "hash":
@@ -297,31 +290,17 @@ class RuleBook:
             log.warning("rule %r: cannot read %r as %s: %s", rule.name, key, lookup.format, exc)
             return None
         except (RedisError, OSError, TimeoutError) as exc:
-            self._lookup_failed(exc)
+            self._failopen.failed("lookup", exc)
             return None
         except ValueError as exc:
             log.warning("rule %r: the value at %r is not a JSON object: %s", rule.name, key, exc)
             return None
-        if self._redis_failing:
-            self._redis_failing = False
-            log.info("rule lookups: Redis answers again")
+        self._failopen.answered()
         if found is None:
             if lookup.missing is None:
                 return None
             return self._render(rule, lookup.missing, values)
         return self._render(rule, rule.answer, {**values, **found})
-
-    def _lookup_failed(self, exc: BaseException) -> None:
-        REDIS_ERRORS.labels("rules").inc()
-        self._skip_redis_until = time.monotonic() + self.RETRY_REDIS_S
-        if not self._redis_failing:
-            self._redis_failing = True
-            log.warning(
-                "rule lookups: Redis failed (%s: %s); rules that need it fall through "
-                "to a model until it answers again",
-                type(exc).__name__,
-                exc,
-            )
 
     @staticmethod
     def _render(rule: Rule, template: Template, groups: Mapping[str, str]) -> RuleAnswer | None:

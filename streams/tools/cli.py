@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _topics(settings: Settings, args: argparse.Namespace) -> int:
-    from streams.topics import create_topics, topic_specs, wait_for_broker
+    from streams.kafka.topics import create_topics, topic_specs, wait_for_broker
 
     if args.action == "list":
         for spec in topic_specs(settings):
@@ -137,13 +137,13 @@ def _ops_endpoints(settings: Settings) -> Iterator[ProcessState]:
 
 
 def _classifier(settings: Settings, args: argparse.Namespace) -> int:
-    from streams.app import build_app
+    from streams.classify.app import build_app
 
     return _run_faust(settings, build_app)
 
 
 def _router(settings: Settings, args: argparse.Namespace) -> int:
-    from streams.quality import build_quality_app
+    from streams.quality.loop import build_quality_app
 
     return _run_faust(settings, build_quality_app)
 
@@ -168,7 +168,7 @@ def _worker(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _up(settings: Settings, args: argparse.Namespace) -> int:
-    from streams.supervisor import Stack
+    from streams.tools.supervisor import Stack
 
     stack = Stack(
         settings,
@@ -210,10 +210,10 @@ def _ask(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _bench(settings: Settings, args: argparse.Namespace) -> int:
-    from streams.bench import run_bench
+    from streams.tools.bench import run_bench
 
     if args.compare:
-        from streams.bench_compare import compare
+        from streams.tools.bench_compare import compare
 
         return compare(settings, args)
 
@@ -223,7 +223,7 @@ def _bench(settings: Settings, args: argparse.Namespace) -> int:
 def _prewarm(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
-    from streams.prewarm import format_report, prewarm
+    from streams.cache.prewarm import format_report, prewarm
 
     chosen = {"top": args.top, "min_count": args.min_count, "days": args.days}
     options = settings.prewarm.model_copy(
@@ -239,7 +239,7 @@ def _prewarm(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _demo(settings: Settings, args: argparse.Namespace) -> int:
-    from streams.demo import run_demo
+    from streams.tools.demo import run_demo
 
     return run_demo(settings)
 

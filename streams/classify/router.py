@@ -9,7 +9,7 @@ fails keep its traffic). ``latency_norm`` and ``cost_norm`` divide by the larges
 among the eligible paths, so the score compares paths on one request, not
 against a fixed scale. ``success_rate`` is the windowed success rate times
 the path's feedback quality. Statistics (``PathStats``) come from the
-quality loop (``streams.quality``) through Redis; a path never measured
+quality loop (``streams.quality.loop``) through Redis; a path never measured
 uses its registry figures. A small exploration rate sends a request to
 another eligible path now and then, so a path that recovered wins its
 traffic back.
@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 
 from schemas.messages import Lane, Path, QualityEvent
 from schemas.settings import RoutingSettings
-from streams.features import Complexity
-from streams.registry import ModelEntry, ModelRegistry
+from streams.classify.features import Complexity
+from streams.classify.registry import ModelEntry, ModelRegistry
 
 __all__ = ["Choice", "PathStats", "RouteBoard", "SmartRouter", "score_paths"]
 

@@ -1,0 +1,3 @@
+"""The Kafka layer: topic registry, the records laneway writes and how they are
+delivered, faust's transport.
+"""

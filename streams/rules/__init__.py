@@ -1,0 +1,3 @@
+"""The rules engine: deterministic answers, the rule file and the small intent
+classifier.
+"""

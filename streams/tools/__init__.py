@@ -1,0 +1,3 @@
+"""What people run: the CLI, the demo, benchmarks, the supervisor and the
+embedded broker and Redis.
+"""
