@@ -72,6 +72,11 @@ class KafkaSettings(BaseSettings):
     fetch_max_wait_ms: int = Field(default=20, ge=1, le=10_000)
     """Longest the broker may hold an empty fetch. Bounds how late a consumer
     sees a new record on a quiet topic; lower costs idle polling."""
+    client_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    """The SDK's client id, and so its reply topic ``<prefix>.replies.<id>``.
+    Unset: ``client-<host>-<program>``, the same for every run of a program on
+    a host, so that restarts reuse one reply topic instead of leaving one
+    behind each."""
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context for SSL/SASL_SSL, else ``None``."""
@@ -411,6 +416,10 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=9400, ge=0, le=65535)
     """Serves /metrics, /healthz and /readyz (0 disables)."""
+    loop_stall_s: float = Field(default=30.0, gt=0)
+    """``/healthz`` fails once the process's event loop has not run its
+    once-a-second heartbeat for this long (a wedged loop, not a busy model:
+    model calls run in threads)."""
     log_level: str = "INFO"
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)

@@ -3,10 +3,15 @@
     async with LanewayClient(kafka_settings) as client:
         result = await client.ask("Where is my order?", deadline_ms=2000)
 
-Each client reads its own reply topic (``laneway.replies.<client id>`` by
+Each client reads its reply topic (``laneway.replies.<client id>`` by
 default) from the end, by manual assignment (no consumer group), and matches
 replies to requests by id. A duplicate reply, which at-least-once delivery
 can produce after a redelivery, is dropped and counted.
+
+The client id is ``client_id=``, else ``LANEWAY_KAFKA_CLIENT_ID``, else
+``client-<host>-<program>`` (``default_client_id``): stable across restarts,
+so a program leaves one reply topic behind, not one per run. Clients that
+share a reply topic each see all its replies and keep only their own ids.
 """
 
 from __future__ import annotations
@@ -15,8 +20,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
+import socket
+import sys
 import uuid
 from collections import OrderedDict
+from pathlib import Path as FsPath
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -26,9 +35,17 @@ from aiokafka.errors import TopicAlreadyExistsError
 from schemas.messages import Feedback, InferenceRequest, InferenceResult
 from schemas.settings import KafkaSettings
 
-__all__ = ["LanewayClient"]
+__all__ = ["LanewayClient", "default_client_id"]
 
 log = logging.getLogger(__name__)
+
+
+def default_client_id() -> str:
+    """``client-<host>-<program>``, in the characters a topic name allows."""
+    host = socket.gethostname().split(".")[0] or "host"
+    program = FsPath(sys.argv[0]).stem if sys.argv and sys.argv[0] else ""
+    name = f"client-{host}-{program or 'python'}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name)[:200]
 
 
 class LanewayClient:
@@ -41,7 +58,7 @@ class LanewayClient:
         remember: int = 100_000,
     ) -> None:
         self.kafka = kafka
-        self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
+        self.client_id = client_id or kafka.client_id or default_client_id()
         self.reply_to = reply_to or f"{kafka.topic_prefix}.replies.{self.client_id}"
         self.duplicates = 0
         self._requests_topic = f"{kafka.topic_prefix}.requests"

@@ -2,13 +2,18 @@
 ``/healthz`` (the process is alive) and ``/readyz`` (it is doing its job).
 
 The server runs in a daemon thread so it answers even while the event loop
-is busy in a long model call; health and readiness are plain flags.
+is busy. So that ``/healthz`` still tells a wedged loop from a live one, the
+loop beats (``heartbeat``, or a faust timer calling ``ProcessState.beat``)
+and ``/healthz`` fails when the last beat is older than ``stall_s``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
@@ -24,6 +29,7 @@ __all__ = [
     "ROUTED",
     "OpsServer",
     "ProcessState",
+    "heartbeat",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,10 +68,35 @@ REDIS_ERRORS = Counter(
 class ProcessState:
     """Liveness and readiness of one process, set by its main loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, stall_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.alive = True
         self.ready = False
         self.detail = "starting"
+        self._stall_s = stall_s
+        self._clock = clock
+        self._last_beat: float | None = None
+
+    def beat(self) -> None:
+        """The event loop ran: called about once a second from the loop."""
+        self._last_beat = self._clock()
+
+    def health(self) -> tuple[bool, str]:
+        """``(alive, why)``. Before the first beat the loop is still starting
+        and counts as alive."""
+        if not self.alive:
+            return False, "dead"
+        if self._last_beat is not None:
+            silent = self._clock() - self._last_beat
+            if silent > self._stall_s:
+                return False, f"event loop stalled: no heartbeat for {silent:.0f}s"
+        return True, "ok"
+
+
+async def heartbeat(state: ProcessState, interval_s: float = 1.0) -> None:
+    """Beat for ``state`` until cancelled."""
+    while True:
+        state.beat()
+        await asyncio.sleep(interval_s)
 
 
 class OpsServer:
@@ -77,8 +108,8 @@ class OpsServer:
                 if self.path == "/metrics":
                     self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
                 elif self.path == "/healthz":
-                    ok = state_ref.alive
-                    self._send(200 if ok else 503, b"ok\n" if ok else b"dead\n")
+                    ok, why = state_ref.health()
+                    self._send(200 if ok else 503, f"{why}\n".encode())
                 elif self.path == "/readyz":
                     ok = state_ref.ready
                     self._send(200 if ok else 503, f"{state_ref.detail}\n".encode())

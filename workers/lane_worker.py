@@ -246,18 +246,18 @@ class LaneWorker:
             (key, routed) for key, routed in batch if key not in stored and key not in parked_before
         ]
         attempts = await self.store.begin([key for key, _ in fresh]) if self.store else {}
-        limit = self.settings.max_attempts
-        poisoned = [(key, routed) for key, routed in fresh if attempts.get(key, 0) > limit]
-        fresh = [(key, routed) for key, routed in fresh if attempts.get(key, 0) <= limit]
-        outbound += give_up(poisoned, records, self.settings, self.lane)
+        crashed_before = any(attempts.get(key, 0) > 1 for key, _ in fresh)
         answers: list[Answer] = await self._answered_meanwhile(fresh)
         done = {key for key, _, _ in answers}
         fresh = [(key, routed) for key, routed in fresh if key not in done]
-        ran, attempts_out = await self._run(fresh)
+        if crashed_before:
+            ran, parked, more = await self._isolate(fresh, records)
+        else:
+            ran, more = await self._run(fresh)
+            ran, parked, retry_out = settle_failures(ran, records, self.settings, self.lane)
+            more += retry_out
         answers += ran
-        outbound += attempts_out
-        answers, parked, retry_out = settle_failures(answers, records, self.settings, self.lane)
-        outbound += retry_out
+        outbound += more
         replayed = [(key, routed, stored[key]) for key, routed in batch if key in stored]
         if replayed:
             REPLAYED.labels(self.lane).inc(len(replayed))
@@ -322,6 +322,36 @@ class LaneWorker:
         return answers, [
             event for item in finished for event in attempt_events(item, self.settings)
         ]
+
+    async def _isolate(
+        self, fresh: list[tuple[RecordKey, RoutedRequest]], records: Sequence[ConsumerRecord]
+    ) -> tuple[list[Answer], list[RecordKey], list[Outbound]]:
+        """A batch holding these records crashed its worker before. Run them
+        one at a time, each result kept in the store as soon as it is known,
+        so that only the offender crashes again: a redelivery replays its
+        batch-mates' results. A record is given up (DLQ, INF-502) once it has
+        crashed ``max_attempts`` times: once in its batch, then alone."""
+        assert self.store is not None
+        answers: list[Answer] = []
+        parked: list[RecordKey] = []
+        outbound: list[Outbound] = []
+        for key, routed in fresh:
+            if await self.store.begin_alone(key) >= self.settings.max_attempts:
+                outbound += give_up([(key, routed)], records, self.settings, self.lane)
+                continue
+            ran, events = await self._run([(key, routed)])
+            left, park, retry_out = settle_failures(ran, records, self.settings, self.lane)
+            await self.store.put_many([(k, result) for k, _, result in left])
+            answers += left
+            parked += park
+            outbound += events + retry_out
+        if fresh:
+            log.warning(
+                "%s: %d records of a batch that crashed before were run one at a time",
+                self.lane,
+                len(fresh),
+            )
+        return answers, parked, outbound
 
     async def _answered_meanwhile(
         self, fresh: Sequence[tuple[RecordKey, RoutedRequest]]

@@ -104,13 +104,21 @@ class ResultStore:
     async def begin(self, records: Sequence[RecordKey]) -> dict[RecordKey, int]:
         """Count one more processing attempt of each record; the counts.
         A record processed again without a stored result has crashed its
-        worker before, so the count is how often it did."""
+        worker before (with its whole batch), so a count over 1 says so."""
+        return await self._count(records, "attempts")
+
+    async def begin_alone(self, record: RecordKey) -> int:
+        """Count one more attempt of ``record`` run on its own (after its
+        batch crashed); how many it has had. 0 when Redis cannot say."""
+        return (await self._count([record], "alone")).get(record, 0)
+
+    async def _count(self, records: Sequence[RecordKey], what: str) -> dict[RecordKey, int]:
         if not records:
             return {}
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for record in records:
-                    key = self._key(record).replace(":done:", ":attempts:", 1)
+                    key = self._key(record).replace(":done:", f":{what}:", 1)
                     pipe.incr(key)
                     pipe.expire(key, self._ttl_s)
                 replies = await pipe.execute()

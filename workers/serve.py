@@ -11,7 +11,7 @@ import signal
 from schemas.messages import Lane
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
-from streams.ops import ProcessState
+from streams.ops import ProcessState, heartbeat
 from streams.stores.backlog import BacklogBoard
 from streams.stores.sessions import SessionStore
 from workers.answered import Remember
@@ -49,6 +49,7 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         on_answered=Remember(cache, sessions),
         cache=cache,
     )
+    beats = asyncio.create_task(heartbeat(state))
     await worker.start()
     loop = asyncio.get_running_loop()
     runner = asyncio.ensure_future(worker.run())
@@ -67,4 +68,5 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
             "%s worker: batch not finished within %.0fs; it will be redelivered", lane, drain_s
         )
     finally:
+        beats.cancel()
         await worker.close()

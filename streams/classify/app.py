@@ -237,6 +237,10 @@ def build_app(
             out = Outbound(settings.topic("quality"), b"drift", event.model_dump_json().encode())
             await deliver([out], send, settings)
 
+    @app.timer(1.0)
+    async def _heartbeat() -> None:
+        state.beat()  # /healthz fails when the loop stops running this
+
     warm = {"assigned": False, "loaded": False}
 
     def _ready() -> None:

@@ -198,6 +198,10 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
             REDIS_ERRORS.labels("route").inc()
             log.warning("route statistics not published: %s", exc)
 
+    @app.timer(1.0)
+    async def _heartbeat() -> None:
+        state.beat()  # /healthz fails when the loop stops running this
+
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def _assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         state.ready = True

@@ -123,7 +123,7 @@ def _topics(settings: Settings, args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _ops_endpoints(settings: Settings) -> Iterator[ProcessState]:
     """/metrics, /healthz and /readyz for the life of a long-running process."""
-    state = ProcessState()
+    state = ProcessState(stall_s=settings.loop_stall_s)
     ops = (
         OpsServer(settings.http_host, settings.http_port, state).start()
         if settings.http_port

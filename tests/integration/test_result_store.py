@@ -56,29 +56,45 @@ async def test_store_fails_open_without_redis() -> None:
     assert REDIS_ERRORS.labels("get")._value.get() == before + 1
 
 
-async def worker_with_one_record(
-    settings: Settings, executor: Executor
-) -> tuple[LaneWorker, Settings, RoutedRequest, list[ConsumerRecord]]:
-    """A lane worker on topics of its own, and the one lane record it fetched."""
+async def worker_with_records(
+    settings: Settings, executor: Executor, prompts: Sequence[str]
+) -> tuple[LaneWorker, Settings, list[RoutedRequest], list[ConsumerRecord]]:
+    """A lane worker on topics of its own, and the lane records it fetched:
+    one per prompt, all on one partition (one key), in order."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
     kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
     own = settings.model_copy(update={"kafka": kafka, "app_id": prefix})
     await create_topics(own)
-    request = InferenceRequest(id=f"{prefix}-1", prompt="ping")
-    routed = routed_now(request, own.replies_topic, path=Path.RULES)
+    routeds = [
+        routed_now(
+            InferenceRequest(id=f"{prefix}-{i}", prompt=prompt), own.replies_topic, path=Path.RULES
+        )
+        for i, prompt in enumerate(prompts, start=1)
+    ]
     producer = AIOKafkaProducer(**own.kafka.client_options())
     await producer.start()
-    await producer.send_and_wait(own.lane_topic(Lane.REALTIME), routed.model_dump_json().encode())
+    for routed in routeds:
+        await producer.send_and_wait(
+            own.lane_topic(Lane.REALTIME), routed.model_dump_json().encode(), key=b"one"
+        )
     await producer.stop()
     worker = LaneWorker(own, Lane.REALTIME, executor=executor, store=store_for(own, prefix))
     await worker.start()
     records: list[ConsumerRecord] = []
     for _ in range(20):
-        records += await worker._fetch(0.5, 10)
-        if records:
+        records += await worker._fetch(0.5, 16)
+        if len(records) >= len(prompts):
             break
-    assert len(records) == 1
-    return worker, own, routed, records
+    assert len(records) == len(prompts)
+    return worker, own, routeds, records
+
+
+async def worker_with_one_record(
+    settings: Settings, executor: Executor
+) -> tuple[LaneWorker, Settings, RoutedRequest, list[ConsumerRecord]]:
+    """A lane worker on topics of its own, and the one lane record it fetched."""
+    worker, own, routeds, records = await worker_with_records(settings, executor, ["ping"])
+    return worker, own, routeds[0], records
 
 
 async def test_redelivered_batch_is_answered_from_the_store(settings: Settings) -> None:
@@ -130,3 +146,53 @@ async def test_a_poison_record_goes_to_the_dlq_after_max_attempts(settings: Sett
     (dead,) = await read_topic(own, own.topic("dlq"))
     assert dead.value == records[0].value
     assert dict(dead.headers)["laneway-source-offset"] == str(records[0].offset).encode()
+
+
+POISON = "this prompt crashes the worker"
+
+
+class PoisonExecutor(Executor):
+    """Rules answers, except that a batch holding the poison prompt kills the
+    worker, as a bug on one record would."""
+
+    async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
+        if any(routed.request.prompt == POISON for routed in batch):
+            raise RuntimeError("segfault-like crash")
+        return await super().execute(batch)
+
+
+async def test_a_poison_record_is_dead_lettered_alone_and_its_batch_mates_answered(
+    settings: Settings,
+) -> None:
+    rules_only = backend_slots(BackendSettings(light="rules", heavy="rules"))
+    prompts = ["ping"] * 3 + [POISON] + ["ping"] * 4
+    worker, own, routeds, records = await worker_with_records(
+        settings, PoisonExecutor(Lane.REALTIME, rules_only), prompts
+    )
+    crashes = 0
+    try:
+        for _ in range(2 * own.max_attempts):  # each crash: the batch is delivered again
+            try:
+                await worker.process(records)
+                break
+            except RuntimeError:
+                crashes += 1
+    finally:
+        await worker.close()
+
+    assert crashes == own.max_attempts  # the poison crashed 3 times: once in its batch, twice alone
+    replies = [
+        InferenceResult.model_validate_json(r.value)
+        for r in await read_topic(own, own.replies_topic)
+    ]
+    by_id = {result.id: result for result in replies}
+    assert len(replies) == len(prompts)  # one terminal result each
+    poison_id = routeds[3].request.id
+    for routed in routeds:
+        result = by_id[routed.request.id]
+        if routed.request.id == poison_id:
+            assert result.error is not None and result.error.code == "INF-502"
+        else:
+            assert result.status == "ok" and result.output == "pong", result
+    (dead,) = await read_topic(own, own.topic("dlq"))
+    assert dead.value == records[3].value
