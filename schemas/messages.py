@@ -1,4 +1,5 @@
-"""Wire models: JSON, UTF-8, ``schema_version: 1`` (see DESIGN.md, "Messages").
+"""Wire models: JSON, UTF-8, ``schema_version: 1`` (see CONTRACT.md; their JSON
+Schema is exported by ``schemas.wire_schema`` to ``schemas/json/``).
 
 Models are strict at the edge (``extra="forbid"``) and immutable once built.
 Size limits that operators tune live in settings and are applied by

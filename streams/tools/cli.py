@@ -29,6 +29,11 @@ def _parser() -> argparse.ArgumentParser:
     topics = sub.add_parser("topics", help="manage the topic registry")
     topics.add_argument("action", choices=["create", "list"])
 
+    schema = sub.add_parser("schema", help="export the JSON Schema of every wire message")
+    schema.add_argument(
+        "--out", default=None, help="folder to write to (default: the package's schemas/json)"
+    )
+
     sub.add_parser("classifier", help="run the classifier agent (faust)")
     sub.add_parser("router", help="run the quality loop that keeps the route statistics (faust)")
 
@@ -238,6 +243,16 @@ def _prewarm(settings: Settings, args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def _schema(settings: Settings, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from schemas.wire_schema import SCHEMA_DIR, export
+
+    for path in export(Path(args.out) if args.out else SCHEMA_DIR):
+        print(path)
+    return 0
+
+
 def _demo(settings: Settings, args: argparse.Namespace) -> int:
     from streams.tools.demo import run_demo
 
@@ -254,6 +269,7 @@ _COMMANDS = {
     "bench": _bench,
     "prewarm": _prewarm,
     "demo": _demo,
+    "schema": _schema,
 }
 
 if __name__ == "__main__":
