@@ -233,13 +233,13 @@ class ResponseCache:
         if not read or request.temperature != 0:
             LOOKUPS.labels("bypass").inc()
             return None
-        if self._redis_resting():
+        if self._failopen.resting():
             LOOKUPS.labels("error").inc()
             return None
         try:
             hit = await self._lookup(request, context)
         except (RedisError, OSError) as exc:
-            self._redis_failed("lookup", exc)
+            self._failopen.failed("lookup", exc)
             LOOKUPS.labels("error").inc()
             return None
         except Exception:
@@ -306,8 +306,9 @@ class ResponseCache:
             pipe.zrem(self._index_key, key)
             removed, _ = await pipe.execute()
         except (RedisError, OSError) as exc:
-            self._redis_failed("evict", exc)
+            self._failopen.failed("evict", exc)
             return False
+        self._failopen.answered()
         if self._index is not None:
             self._index.remove(key)
             INDEX_SIZE.set(len(self._index))
@@ -329,19 +330,20 @@ class ResponseCache:
             log.debug("not caching %s: %s", request.id, refusal)
             STORES.labels("skipped").inc()
             return False
-        if self._redis_resting():
+        if self._failopen.resting():
             STORES.labels("error").inc()
             return False
         try:
             await self._store(request, result, context)
         except (RedisError, OSError) as exc:
-            self._redis_failed("store", exc)
+            self._failopen.failed("store", exc)
             STORES.labels("error").inc()
             return False
         except Exception:
             log.exception("cache store failed for %s", request.id)
             STORES.labels("error").inc()
             return False
+        self._failopen.answered()
         STORES.labels("stored").inc()
         return True
 
@@ -404,16 +406,19 @@ class ResponseCache:
         later calls read what was stored since. Never raises."""
         if self._index is None or self._embedder is None or not self._settings.enabled:
             return 0
-        if self._redis_resting():
+        if self._failopen.resting():
             return 0
         async with self._sync_lock:
             try:
-                return await self._sync(self._index, self._embedder)
+                added = await self._sync(self._index, self._embedder)
             except (RedisError, OSError) as exc:
-                self._redis_failed("sync", exc)
+                self._failopen.failed("sync", exc)
+                return 0
             except Exception:
                 log.exception("cache index sync failed")
-            return 0
+                return 0
+            self._failopen.answered()
+            return added
 
     async def _sync(self, index: SemanticIndex, embedder: Embedder) -> int:
         if self._synced_to_ms is None:
@@ -494,11 +499,3 @@ class ResponseCache:
         if self._index is not None:
             self._index = SemanticIndex(self._index.dim, self._settings.max_entries)
             self._synced_to_ms = None
-
-    # -- Redis health --------------------------------------------------------
-
-    def _redis_resting(self) -> bool:
-        return self._failopen.resting()
-
-    def _redis_failed(self, op: str, exc: BaseException) -> None:
-        self._failopen.failed(op, exc)

@@ -201,9 +201,6 @@ class SessionStore:
     def _available(self) -> bool:
         return self._settings.enabled and not self._failopen.resting()
 
-    def _failed(self, op: str, exc: BaseException) -> None:
-        self._failopen.failed(op, exc)
-
     async def history(self, session_id: str | None) -> list[ChatMessage]:
         """The session's turns, oldest first; ``[]`` whenever there is none to
         be had (no session, disabled, absent, Redis down, entry unreadable)."""
@@ -212,8 +209,9 @@ class SessionStore:
         try:
             raw = await self._redis.get(self.key(session_id))
         except (RedisError, OSError) as exc:
-            self._failed("history", exc)
+            self._failopen.failed("history", exc)
             return []
+        self._failopen.answered()
         if raw is None:
             return []
         try:
@@ -255,10 +253,12 @@ class SessionStore:
                 ],
             )
         except (RedisError, OSError) as exc:
-            self._failed("append", exc)
+            self._failopen.failed("append", exc)
         except Exception as exc:  # e.g. text that cannot be UTF-8 encoded
             SESSION_ERRORS.labels("append").inc()
             log.exception("session append for %s failed: %s", request_id, exc)
+        else:
+            self._failopen.answered()
 
     async def close(self) -> None:
         await self._redis.aclose()

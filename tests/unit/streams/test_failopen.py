@@ -43,7 +43,11 @@ def test_a_failure_rests_redis_and_an_outage_is_logged_once(
         "going on without it until it answers again"
     ]
     assert infos == ["thing: Redis answers again"]
-    assert errors.labels("read")._value.get() == 1
+    with caplog.at_level(logging.WARNING, logger="test.failopen"):
+        caplog.clear()
+        guard.failed("read", ConnectionError("refused"))  # a new outage is warned of again
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert errors.labels("read")._value.get() == 2
     assert errors.labels("write")._value.get() == 1
 
 
