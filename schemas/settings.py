@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.messages import Lane, RequestLimits
+from schemas.messages import Lane, Path, RequestLimits
 
 __all__ = [
     "BackendSettings",
@@ -198,10 +198,26 @@ class LaneSettings(BaseSettings):
     """Most requests run together in one batch."""
     max_wait_ms: int = Field(default=50, ge=0, le=60_000)
     """Longest a batch waits to fill after its first request arrives."""
+    paths: tuple[Literal["light", "heavy"], ...] = Field(default=("light", "heavy"), min_length=1)
+    """The model paths this lane's workers load and serve (the rules path is
+    always served). The router sends a lane only the paths that a live
+    worker on it announces (``streams.stores.workerboard``)."""
+    nice: int = Field(default=5, ge=0, le=19)
+    """CPU priority of the lane's worker processes (``os.nice``): on a shared
+    CPU the realtime worker (0) is scheduled ahead of medium (5) and bulk
+    (10), so bulk load takes the cores realtime leaves free."""
+    max_inflight_batches: int = Field(default=2, ge=1, le=64)
+    """Batches a worker runs at once. The next batch is collected while one
+    runs, and a backend that batches continuously (llama.cpp, vLLM) lets its
+    requests join the running decode; offsets are still committed in order."""
 
 
 class RealtimeLaneSettings(LaneSettings):
+    """One small model: realtime answers come from the fast path."""
+
     model_config = _config("LANEWAY_REALTIME_")
+    paths: tuple[Literal["light", "heavy"], ...] = Field(default=("light",), min_length=1)
+    nice: int = Field(default=0, ge=0, le=19)
     max_batch_size: int = Field(default=4, ge=1, le=1024)
     max_wait_ms: int = Field(default=10, ge=0, le=60_000)
 
@@ -213,7 +229,11 @@ class MediumLaneSettings(LaneSettings):
 
 
 class BulkLaneSettings(LaneSettings):
+    """One capable model: bulk work is not in a hurry."""
+
     model_config = _config("LANEWAY_BULK_")
+    paths: tuple[Literal["light", "heavy"], ...] = Field(default=("heavy",), min_length=1)
+    nice: int = Field(default=10, ge=0, le=19)
     max_batch_size: int = Field(default=32, ge=1, le=1024)
     max_wait_ms: int = Field(default=500, ge=0, le=60_000)
 
@@ -416,6 +436,9 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=9400, ge=0, le=65535)
     """Serves /metrics, /healthz and /readyz (0 disables)."""
+    worker_heartbeat_s: float = Field(default=2.0, gt=0)
+    """How often a lane worker announces its lane and paths in Redis; the
+    classifier forgets a worker silent for three times this."""
     loop_stall_s: float = Field(default=30.0, gt=0)
     """``/healthz`` fails once the process's event loop has not run its
     once-a-second heartbeat for this long (a wedged loop, not a busy model:
@@ -445,6 +468,13 @@ class Settings(BaseSettings):
 
     def lane(self, lane: Lane) -> LaneSettings:
         return {Lane.REALTIME: self.realtime, Lane.MEDIUM: self.medium, Lane.BULK: self.bulk}[lane]
+
+    def worker_paths(self, lane: Lane) -> tuple[Path, ...]:
+        """The model paths a worker on ``lane`` loads: its lane's, or only the
+        forced one when ``routing.force_path`` sends everything down one path."""
+        if self.routing.force_path is not None:
+            return (Path(self.routing.force_path),)
+        return tuple(Path(p) for p in self.lane(lane).paths)
 
     def topic(self, name: str) -> str:
         """Full topic name: ``topic("requests") == "laneway.requests"``."""

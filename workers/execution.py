@@ -22,7 +22,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
@@ -126,13 +126,17 @@ class BackendSlot:
             self.backend = None
 
 
-def backend_slots(settings: BackendSettings) -> dict[Path, BackendSlot]:
-    """The configured backend of each model path (and ``rules``)."""
-    wanted = {
+def backend_slots(
+    settings: BackendSettings, paths: Iterable[Path] = (Path.LIGHT, Path.HEAVY)
+) -> dict[Path, BackendSlot]:
+    """The configured backend of each of ``paths``, and of ``rules``: a
+    worker loads only the models of the paths it serves."""
+    models = {
         Path.LIGHT: (settings.light, settings.light_model),
         Path.HEAVY: (settings.heavy, settings.heavy_model),
-        Path.RULES: ("rules", "rules"),
     }
+    wanted = {path: models[path] for path in paths if path in models}
+    wanted[Path.RULES] = ("rules", "rules")
     return {
         path: BackendSlot(
             functools.partial(create_backend, kind, model, settings),

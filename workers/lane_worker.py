@@ -2,7 +2,8 @@
 
 Delivery is at-least-once. Offsets are committed by hand, only after every
 result of the batch (reply, ``results`` and quality event) has been
-acknowledged by the broker, so a worker killed mid-batch loses nothing: its
+acknowledged by the broker and the batch before it has committed (a worker
+collects its next batch while one runs), so a worker killed mid-batch loses nothing: its
 records are delivered again to the next owner of the partition, and the
 client SDK drops the duplicate replies. Results are also kept in Redis by
 lane record (``workers.result_store``), so a batch redelivered after its
@@ -30,13 +31,14 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from prometheus_client import Counter
 from pydantic import ValidationError
 
-from schemas.messages import InferenceResult, Lane, RoutedRequest
+from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.kafka.envelopes import Outbound, deliver
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.stores.backlog import BacklogBoard
 from streams.stores.sessions import context_digest
+from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
 from workers.answered import attempt_events, cached_result
 from workers.batcher import collect_batch
 from workers.coalesce import shared_result, split_duplicates
@@ -61,6 +63,9 @@ COALESCED = Counter(
     ["lane"],
 )
 
+DEVICES = {"llamacpp": "cpu", "rules": "cpu", "vllm": "cuda", "openai": "remote"}
+"""Where each backend kind runs, as announced on the worker board."""
+
 REPLAYED = Counter(
     "laneway_results_replayed_total",
     "Redelivered requests answered from the result store instead of a model",
@@ -79,13 +84,16 @@ class LaneWorker:
         board: BacklogBoard | None = None,
         on_answered: AnsweredHook | None = None,
         cache: ResponseCache | None = None,
+        workers: WorkerBoard | None = None,
     ) -> None:
         self.settings = settings
         self.lane = lane
         self.lane_settings = settings.lane(lane)
         self.state = state or ProcessState()
         self.executor = executor or Executor(
-            lane, backend_slots(settings.backend), settings.backend.system_prompt
+            lane,
+            backend_slots(settings.backend, settings.worker_paths(lane)),
+            settings.backend.system_prompt,
         )
         self.store = store
         self.board = board
@@ -93,6 +101,8 @@ class LaneWorker:
         self.cache = cache
         """Asked again just before a batch runs: an identical request
         answered while this one waited in the lane is not computed twice."""
+        self.workers = workers
+        """Where this worker announces the paths it serves (``None``: nowhere)."""
         self._worker_id = uuid.uuid4().hex[:8]
         self._reported_at = 0.0
         self._next_offset: dict[TopicPartition, int] = {}
@@ -147,16 +157,30 @@ class LaneWorker:
 
     async def run(self) -> None:
         """Consume the lane until ``stop()``, with the retry relay beside it.
-        A relay that dies takes the worker with it, so the supervisor
-        restarts both rather than leave parked requests unattended."""
+
+        Up to ``max_inflight_batches`` batches run at once: the next batch is
+        collected while one runs, so a continuously batching backend gets new
+        requests mid-decode. Each batch commits only after the batch before
+        it has committed, so an offset is never committed past a record
+        still running. A relay or batch that dies takes the worker with it;
+        the supervisor restarts it, and what was not committed is delivered
+        again."""
         assert self._consumer is not None and self.relay is not None
         lane = self.lane_settings
         relay = asyncio.create_task(self.relay.run(self._stopping))
+        announcing = asyncio.create_task(self._announce_until_stopped())
+        inflight: list[asyncio.Task[None]] = []
         try:
             while not self._stopping.is_set():
                 if relay.done():
                     relay.result()  # raises what killed it
                     raise RuntimeError(f"{self.lane} retry relay stopped")
+                for task in [t for t in inflight if t.done()]:
+                    inflight.remove(task)
+                    task.result()  # raises what killed the batch
+                if len(inflight) >= lane.max_inflight_batches:
+                    await asyncio.wait([*inflight, relay], return_when=asyncio.FIRST_COMPLETED)
+                    continue
                 records = await collect_batch(
                     self._fetch,
                     max_size=lane.max_batch_size,
@@ -165,15 +189,58 @@ class LaneWorker:
                 )
                 await self._report_backlog()  # before a batch that may run for seconds
                 if records:
-                    await self.process(records)
+                    after = inflight[-1] if inflight else None
+                    inflight.append(asyncio.create_task(self.process(records, after=after)))
+        except asyncio.CancelledError:  # past the drain time: abandon, uncommitted
+            for task in inflight:
+                task.cancel()
+            raise
         finally:
             self._stopping.set()
+            announcing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(announcing, timeout=2.0)  # withdraws the card
+            if inflight:  # drain: each batch finishes and commits (cancelled with run())
+                await asyncio.gather(*inflight, return_exceptions=True)
             # A relay between produce and commit finishes that step (one poll).
             done, _ = await asyncio.wait({relay}, timeout=2.0)
             if not done:
                 relay.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await relay
+
+    def card(self) -> WorkerCard:
+        """What this worker serves now: the paths whose backend is loaded."""
+        lane = self.lane_settings
+        paths = tuple(
+            PathCard(
+                path, slot.backend.kind, slot.backend.model, DEVICES.get(slot.backend.kind, "cpu")
+            )
+            for path, slot in self.executor.slots.items()
+            if path != Path.RULES and slot.backend is not None
+        )
+        capacity = lane.max_batch_size * lane.max_inflight_batches
+        return WorkerCard(self._worker_id, self.lane, paths, capacity)
+
+    async def _announce_until_stopped(self) -> None:
+        """Announce the card every ``worker_heartbeat_s``; a backend that
+        failed to load is tried again first, so a model that comes back is
+        announced (and routed to) again."""
+        if self.workers is None:
+            return
+        try:
+            while not self._stopping.is_set():
+                for slot in self.executor.slots.values():
+                    if slot.backend is None:
+                        with contextlib.suppress(Exception):  # kept by the slot, retried later
+                            await slot.get()
+                await self.workers.announce(self.card())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._stopping.wait(), timeout=self.settings.worker_heartbeat_s
+                    )
+        finally:
+            await self.workers.withdraw(self._worker_id)
 
     async def _report_backlog(self) -> None:
         """Tell the flow controller how many records wait on this worker's partitions."""
@@ -225,9 +292,12 @@ class LaneWorker:
             self._next_offset[tp] = batch[-1].offset + 1
         return [record for batch in polled.values() for record in batch]
 
-    async def process(self, records: Sequence[ConsumerRecord]) -> None:
+    async def process(
+        self, records: Sequence[ConsumerRecord], after: asyncio.Task[None] | None = None
+    ) -> None:
         """Run one batch, produce its results (or park what no backend could
-        serve on the retry topic), keep them, then commit."""
+        serve on the retry topic), keep them, then commit once ``after``
+        (the batch taken before this one) has committed."""
         outbound: list[Outbound] = []
         batch: list[tuple[RecordKey, RoutedRequest]] = []
         for record in records:
@@ -281,6 +351,8 @@ class LaneWorker:
             await self.store.park_many(parked)
         if self.on_answered is not None and answers:
             await self.on_answered([(routed, result) for _, routed, result in answers])
+        if after is not None:
+            await after  # in order: a failed earlier batch fails this one too, uncommitted
         await self._commit(records)
 
         BATCH_SIZE.labels(self.lane).observe(len(fresh))

@@ -1,11 +1,12 @@
 """``laneway worker --lane L``: one lane worker with its Redis-backed parts
-(result store, backlog board, response cache writes, session turns), run
-until SIGTERM/SIGINT."""
+(result store, backlog board, worker board, response cache writes, session
+turns), run until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 from schemas.messages import Lane
@@ -14,6 +15,7 @@ from streams.cache.response import ResponseCache
 from streams.ops import ProcessState, heartbeat
 from streams.stores.backlog import BacklogBoard
 from streams.stores.sessions import SessionStore
+from streams.stores.workerboard import WorkerBoard
 from workers.answered import Remember
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
@@ -27,9 +29,14 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
     """Run a worker until SIGTERM/SIGINT. The batch in flight then gets
     ``drain_s`` to finish and commit; past that it is abandoned uncommitted
     and will be delivered again to the next worker."""
+    niceness = settings.lane(lane).nice
+    if niceness:
+        os.nice(niceness)  # the model threads inherit it
+        log.info("%s worker runs at CPU priority nice %d", lane, niceness)
     redis = settings.redis.client()  # one connection pool for store and board
     store = ResultStore(redis, prefix=settings.redis.key_prefix, ttl_s=settings.redis.result_ttl_s)
     board = BacklogBoard(redis, settings.redis.key_prefix)
+    workers = WorkerBoard(redis, settings.redis.key_prefix, stale_s=3 * settings.worker_heartbeat_s)
     cache = (
         ResponseCache(redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=None)
         if settings.cache_in_use
@@ -48,6 +55,7 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         board=board,
         on_answered=Remember(cache, sessions),
         cache=cache,
+        workers=workers,
     )
     beats = asyncio.create_task(heartbeat(state))
     await worker.start()

@@ -10,7 +10,7 @@ single-path baseline of ``laneway bench``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from schemas.messages import InferenceRequest, Lane, Path
@@ -63,7 +63,10 @@ def decide(
     routing: RoutingSettings,
     router: SmartRouter,
     stats: Mapping[Path, PathStats],
+    serving: Mapping[Lane, Collection[Path]] | None = None,
 ) -> Decision:
+    """``serving``: per lane, the paths live workers serve (the worker
+    board); ``None`` when it is not known, and then any path may be chosen."""
     features = extract_features(
         request, routing, intent=found.intent, history_turns=found.history_turns
     )
@@ -78,7 +81,8 @@ def decide(
         return Decision(answered_lane, Path.CACHE, complexity, features, hit=found.hit)
     if found.rule is not None:
         return Decision(answered_lane, Path.RULES, complexity, features, rule=found.rule)
-    choice = router.choose(complexity, lane, stats)
+    served = None if serving is None else serving.get(lane, frozenset())
+    choice = router.choose(complexity, lane, stats, served)
     return Decision(
         lane,
         choice.path,

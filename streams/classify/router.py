@@ -21,7 +21,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from schemas.messages import Lane, Path, QualityEvent
@@ -121,8 +121,23 @@ class SmartRouter:
         self.routing = routing
         self._rng = rng or random.Random()
 
-    def choose(self, complexity: Complexity, lane: Lane, stats: Mapping[Path, PathStats]) -> Choice:
+    def choose(
+        self,
+        complexity: Complexity,
+        lane: Lane,
+        stats: Mapping[Path, PathStats],
+        served: Collection[Path] | None = None,
+    ) -> Choice:
+        """``served``: the paths live workers on ``lane`` serve (``None``:
+        not known, every path counts as served). No path leaves for a lane
+        where no live worker serves it; when none of the eligible paths is
+        served there, the lane's served paths compete instead."""
         candidates = self.registry.eligible(complexity, lane)
+        if served is not None:
+            live = [m for m in candidates if m.model_path in served] or [
+                m for m in self.registry.models if m.model_path in served
+            ]
+            candidates = live or candidates
         scores = score_paths(candidates, stats, self.routing)
         healthy = [m for m in candidates if self._healthy(stats.get(m.model_path))]
         best = min(healthy or candidates, key=lambda m: (scores[m.model_path], -m.capability))

@@ -85,6 +85,37 @@ def test_only_capable_models_are_eligible() -> None:
     assert router.choose(Complexity.SIMPLE, Lane.REALTIME, {}).path is Path.LIGHT
 
 
+def test_only_paths_a_live_worker_serves_are_chosen() -> None:
+    router = SmartRouter(REGISTRY, RoutingSettings(exploration=1.0), random.Random(1))
+    # Exploration at 1.0 would pick the other path every time, if it could.
+    for _ in range(20):
+        choice = router.choose(Complexity.SIMPLE, Lane.REALTIME, {}, served={Path.LIGHT})
+        assert choice.path is Path.LIGHT and not choice.explored
+    # Only heavy can answer a complex request; where only light is served,
+    # light answers it rather than leaving it to a lane nobody consumes for heavy.
+    only_light = router.choose(Complexity.COMPLEX, Lane.REALTIME, {}, served={Path.LIGHT})
+    assert only_light.path is Path.LIGHT
+    assert router.choose(Complexity.COMPLEX, Lane.BULK, {}, served={Path.HEAVY}).path is Path.HEAVY
+    # Not known (no board, or no live worker yet): every eligible path counts.
+    explored = {router.choose(Complexity.SIMPLE, Lane.MEDIUM, {}).path for _ in range(20)}
+    assert explored == {Path.HEAVY}, "exploration leaves the best path for the other one"
+
+
+def test_the_policy_reads_the_lanes_served_paths() -> None:
+    from schemas.messages import InferenceRequest
+    from streams.classify.policy import Found, decide
+
+    router = SmartRouter(REGISTRY, RoutingSettings(exploration=0.0))
+    request = InferenceRequest(id="r", prompt="Hi", lane=Lane.BULK)
+    simple = decide(request, Found(), SETTINGS.routing, router, {})
+    assert (simple.lane, simple.path) == (Lane.BULK, Path.LIGHT)
+    served = decide(request, Found(), SETTINGS.routing, router, {}, {Lane.BULK: {Path.HEAVY}})
+    assert (served.lane, served.path) == (Lane.BULK, Path.HEAVY)
+    # A board that knows no worker on the lane does not stop routing.
+    nobody = decide(request, Found(), SETTINGS.routing, router, {}, {Lane.REALTIME: {Path.LIGHT}})
+    assert nobody.path is Path.LIGHT
+
+
 def test_a_failing_path_loses_traffic_and_wins_it_back_through_exploration() -> None:
     routing = RoutingSettings(exploration=0.1)
     router = SmartRouter(REGISTRY, routing, random.Random(7))

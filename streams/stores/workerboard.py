@@ -1,0 +1,135 @@
+"""Which lane workers are alive and what they serve, through Redis.
+
+Each lane worker announces itself every ``heartbeat_s``: its lane, and for
+each model path whose backend is loaded, the backend, model and device, and
+how many requests it runs at once. The classifier reads the board and
+routes a request only down a path that a live worker on its lane serves
+(``streams.classify.router``). An announcement older than ``stale_s`` is a
+dead worker's and is ignored; a worker that stops cleanly withdraws its own.
+
+Redis trouble is counted and logged once per outage (``FailOpen``); a
+reader that cannot see the board gets ``None`` and routes as if every path
+were served, so a Redis outage never stops routing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from schemas.messages import Lane, Path
+from streams.stores.failopen import FailOpen
+
+__all__ = ["PathCard", "Serving", "WorkerBoard", "WorkerCard", "served_paths"]
+
+log = logging.getLogger(__name__)
+
+Serving = Mapping[Lane, frozenset[Path]]
+"""Per lane, the paths some live worker serves."""
+
+
+@dataclass(frozen=True, slots=True)
+class PathCard:
+    path: Path
+    backend: str
+    model: str
+    device: str
+    """``cpu``, ``cuda`` or ``remote`` (an OpenAI-compatible server)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCard:
+    """One worker's announcement."""
+
+    worker_id: str
+    lane: Lane
+    paths: tuple[PathCard, ...]
+    capacity: int
+    """Requests the worker runs at once (batch size times batches in flight)."""
+    at_ms: int = 0
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> WorkerCard:
+        data = json.loads(raw)
+        paths = tuple(
+            PathCard(Path(p["path"]), p["backend"], p["model"], p["device"]) for p in data["paths"]
+        )
+        return cls(
+            data["worker_id"], Lane(data["lane"]), paths, int(data["capacity"]), data["at_ms"]
+        )
+
+
+def served_paths(cards: Sequence[WorkerCard]) -> dict[Lane, frozenset[Path]]:
+    """Per lane, the paths its live workers serve (lanes with none are absent)."""
+    serving: dict[Lane, set[Path]] = {}
+    for card in cards:
+        serving.setdefault(card.lane, set()).update(p.path for p in card.paths)
+    return {lane: frozenset(paths) for lane, paths in serving.items()}
+
+
+class WorkerBoard:
+    def __init__(self, client: aioredis.Redis, prefix: str, stale_s: float = 6.0) -> None:
+        self._redis = client
+        self.key = f"{prefix}:workers"
+        self._stale_ms = int(stale_s * 1000)
+        self._failopen = FailOpen("worker board", log=log, label="workers")
+
+    async def announce(self, card: WorkerCard) -> None:
+        stamped = WorkerCard(
+            card.worker_id, card.lane, card.paths, card.capacity, int(time.time() * 1000)
+        )
+        try:
+            await self._redis.hset(self.key, card.worker_id, stamped.to_json())
+        except (RedisError, OSError) as exc:
+            self._failopen.failed("announce", exc)
+            return
+        self._failopen.answered()
+
+    async def withdraw(self, worker_id: str) -> None:
+        try:
+            await self._redis.hdel(self.key, worker_id)
+        except (RedisError, OSError) as exc:
+            self._failopen.failed("withdraw", exc)
+
+    async def live(self) -> list[WorkerCard] | None:
+        """The live workers' cards, or ``None`` when Redis cannot say. Stale
+        cards (workers that died) are removed as they are seen."""
+        try:
+            entries = await self._redis.hgetall(self.key)
+        except (RedisError, OSError) as exc:
+            self._failopen.failed("read", exc)
+            return None
+        self._failopen.answered()
+        now_ms = int(time.time() * 1000)
+        cards, stale = [], []
+        for field, value in entries.items():
+            try:
+                card = WorkerCard.from_json(value)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("worker card %r unreadable: %s", field, exc)
+                stale.append(field)
+                continue
+            if now_ms - card.at_ms > self._stale_ms:
+                stale.append(field)
+            else:
+                cards.append(card)
+        if stale:
+            try:
+                await self._redis.hdel(self.key, *stale)
+            except (RedisError, OSError) as exc:
+                self._failopen.failed("prune", exc)
+        return cards
+
+    async def serving(self) -> dict[Lane, frozenset[Path]] | None:
+        cards = await self.live()
+        return None if cards is None else served_paths(cards)

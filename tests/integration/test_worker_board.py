@@ -1,0 +1,91 @@
+"""Workers announce what they serve on the worker board in real Redis, and
+the classifier's router sends a lane only the paths a live worker serves."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import redis.asyncio as aioredis
+
+from schemas.messages import Lane, Path
+from schemas.settings import BackendSettings, RealtimeLaneSettings, Settings
+from streams.classify.features import Complexity
+from streams.classify.registry import builtin_registry
+from streams.classify.router import SmartRouter
+from streams.kafka.topics import create_topics
+from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
+from workers.lane_worker import LaneWorker
+
+
+async def test_cards_round_trip_and_stale_ones_are_forgotten(settings: Settings) -> None:
+    client = aioredis.from_url(settings.redis.url)
+    board = WorkerBoard(client, f"t{uuid.uuid4().hex[:8]}", stale_s=0.5)
+    light = PathCard(Path.LIGHT, "llamacpp", "smollm2-135m", "cpu")
+    heavy = PathCard(Path.HEAVY, "vllm", "gemma", "cuda")
+    try:
+        await board.announce(WorkerCard("a", Lane.REALTIME, (light,), 8))
+        await board.announce(WorkerCard("b", Lane.MEDIUM, (light, heavy), 16))
+        cards = await board.live()
+        assert cards is not None and {c.worker_id for c in cards} == {"a", "b"}
+        assert next(c for c in cards if c.worker_id == "b").paths == (light, heavy)
+        assert await board.serving() == {
+            Lane.REALTIME: frozenset({Path.LIGHT}),
+            Lane.MEDIUM: frozenset({Path.LIGHT, Path.HEAVY}),
+        }
+        await board.withdraw("b")
+        await asyncio.sleep(0.7)  # "a" stopped announcing: it died
+        await board.announce(WorkerCard("c", Lane.BULK, (heavy,), 32))
+        assert await board.serving() == {Lane.BULK: frozenset({Path.HEAVY})}
+        assert await client.hkeys(board.key) == [b"c"], "the dead worker's card is pruned"
+    finally:
+        await client.aclose()
+
+
+async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: Settings) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    own = settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(update={"topic_prefix": prefix}),
+            "app_id": prefix,
+            "backend": BackendSettings(light="rules", heavy="rules"),
+            "realtime": RealtimeLaneSettings(paths=("light",)),
+            "worker_heartbeat_s": 0.2,
+        }
+    )
+    await create_topics(own)
+    client = aioredis.from_url(own.redis.url)
+    board = WorkerBoard(client, prefix)
+    worker = LaneWorker(own, Lane.REALTIME, workers=board)
+    assert set(worker.executor.slots) == {Path.LIGHT, Path.RULES}, "heavy is never loaded"
+    running: asyncio.Task[None] | None = None
+    try:
+        await worker.start()
+        running = asyncio.create_task(worker.run())
+        serving = None
+        for _ in range(50):
+            serving = await board.serving()
+            if serving:
+                break
+            await asyncio.sleep(0.1)
+        assert serving == {Lane.REALTIME: frozenset({Path.LIGHT})}
+        (card,) = await board.live() or []
+        assert card.paths == (PathCard(Path.LIGHT, "rules", own.backend.light_model, "cpu"),)
+        assert card.capacity == own.realtime.max_batch_size * own.realtime.max_inflight_batches
+
+        # What the classifier does with it: a complex realtime request, which
+        # only heavy is capable of, goes down the path the lane serves.
+        router = SmartRouter(builtin_registry(own.backend), own.routing)
+        assert router.choose(Complexity.COMPLEX, Lane.REALTIME, {}).path is Path.HEAVY
+        served = serving[Lane.REALTIME]
+        assert router.choose(Complexity.COMPLEX, Lane.REALTIME, {}, served).path is Path.LIGHT
+
+        worker.stop()
+        await asyncio.wait_for(running, timeout=10)
+        assert await board.serving() == {}, "a worker that stops withdraws its card"
+    finally:
+        worker.stop()
+        if running is not None:
+            await asyncio.wait_for(running, timeout=10)
+        await worker.close()
+        await client.aclose()
