@@ -79,6 +79,8 @@ def weighted(light: LightServer, tmp_path_factory: pytest.TempPathFactory) -> It
         "LANEWAY_BACKEND_OPENAI_BASE_URL": light.url,
         "LANEWAY_BACKEND_OPENAI_TIMEOUT_S": "5",
         "LANEWAY_BACKEND_BREAKER_COOLDOWN_S": "2",
+        # The one worker serves both paths, so the router has a choice to make.
+        "LANEWAY_REALTIME_PATHS": '["light", "heavy"]',
         "LANEWAY_CACHE_ENABLED": "false",
         "LANEWAY_ROUTING_EXPLORATION": "0.15",
         "LANEWAY_ROUTING_SUCCESS_WINDOW": "10",
