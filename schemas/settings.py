@@ -18,6 +18,7 @@ from schemas.messages import Lane, Path, RequestLimits
 
 __all__ = [
     "BackendSettings",
+    "BatchSettings",
     "CacheSettings",
     "DriftSettings",
     "FlowSettings",
@@ -420,6 +421,28 @@ class BackendSettings(BaseSettings):
     """After a failed model load, requests get INF-502 until this much time has passed."""
 
 
+class BatchSettings(BaseSettings):
+    """Offline batch jobs (``streams.jobs``, ``laneway batch``)."""
+
+    model_config = _config("LANEWAY_BATCH_")
+
+    submit_rps: float = Field(default=20.0, gt=0)
+    """Most batch requests a submitter produces per second; never more than
+    half the tenant's rate limit, so its interactive traffic keeps the rest."""
+    max_inflight: int = Field(default=64, ge=0)
+    """Most requests of one job produced but not yet answered (0: no bound).
+    Keeps the bulk lane short, so a cancel stops nearly all unstarted work."""
+    window_s: int = Field(default=86_400, ge=1)
+    """Completion window of a job (``--window``): what is not done by then
+    ends ``INF-503`` and the job ``expired``."""
+    max_lines: int = Field(default=50_000, ge=1)
+    """Most lines one input file may have."""
+    retention_s: int = Field(default=7 * 86_400, ge=60)
+    """How long a finished job's state and results stay in Redis."""
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    """How often the tracker settles open jobs (completion, expiry)."""
+
+
 class Settings(BaseSettings):
     """Everything one laneway process needs."""
 
@@ -453,6 +476,7 @@ class Settings(BaseSettings):
     session: SessionSettings = Field(default_factory=SessionSettings)
     drift: DriftSettings = Field(default_factory=DriftSettings)
     prewarm: PrewarmSettings = Field(default_factory=PrewarmSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     flow: FlowSettings = Field(default_factory=FlowSettings)
     backend: BackendSettings = Field(default_factory=BackendSettings)

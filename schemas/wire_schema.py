@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from schemas.jobs import BatchJobEvent
 from schemas.messages import (
     Feedback,
     InferenceRequest,
@@ -28,6 +29,7 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "result": InferenceResult,  # reply topics, laneway.results
     "quality": QualityEvent,  # laneway.quality
     "feedback": Feedback,  # laneway.feedback
+    "batch_job_event": BatchJobEvent,  # laneway.batch.jobs
 }
 """File stem -> message model, one per kind of record laneway reads or writes."""
 

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
+from schemas.jobs import BatchCounts, BatchJob, BatchJobEvent, BatchJobStatus
 from schemas.messages import (
     ErrorInfo,
     Feedback,
@@ -65,6 +66,21 @@ EXAMPLES: dict[str, list[BaseModel]] = {
         )
     ],
     "feedback": [Feedback(request_id="req-42", score=-1.0, comment="wrong answer")],
+    "batch_job_event": [
+        BatchJobEvent(
+            job=BatchJob(
+                id="batch_0123456789abcdef0123",
+                status=BatchJobStatus.IN_PROGRESS,
+                tenant="acme",
+                content_sha256="ab" * 32,
+                counts=BatchCounts(total=200, invalid=3, produced=64, done=40, failed=2),
+                created_at_ms=1_700_000_000_000,
+                expires_at_ms=1_700_086_400_000,
+            ),
+            previous=BatchJobStatus.VALIDATING,
+            at_ms=1_700_000_000_050,
+        )
+    ],
 }
 
 
