@@ -39,6 +39,10 @@ class GenerationInput:
     """The request's deadline on the ``time.monotonic()`` clock; ``None`` = none.
     Absolute, so a request that waits behind others in its batch keeps its
     real budget, not a fresh one."""
+    stop: Sequence[str] | None = None
+    """The request's own stop strings: the answer ends before the first one."""
+    seed: int | None = None
+    """Seed of the request's sampling RNG at ``temperature > 0`` (``None`` = 0)."""
 
     def remaining_s(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()

@@ -1,28 +1,44 @@
-"""In-process llama.cpp (llama-cpp-python) backend for the CPU.
+"""In-process llama.cpp backend for the CPU, batching continuously.
 
-llama-cpp-python exposes no batched decoding through its chat API, so a
-batch runs its requests one after another in a worker thread, holding the
-model for the whole batch; batching still saves the per-request hand-offs
-and keeps each lane's latency/throughput trade-off in one place. A request's
-remaining deadline bounds its generation: past it, a logits processor
-leaves only end-of-sequence to sample.
+The requests of a batch are decoded together on one llama.cpp context
+(``workers.backends.llama_batch``), and ``infer_batch`` may be called again
+while earlier batches still run: their requests join the running decode at
+the next step, and each call returns once all of its own requests are done.
+
+Prompts follow ``workers.models.prompt_style``: a chat model gets its own
+chat template from the GGUF (``tokenizer.chat_template``); the Gemma-3-270M
+base model (or a GGUF without a template) gets a Question/Answer transcript
+that ends at the next question or blank line, its answer stripped. A
+request's deadline bounds its generation: past it, that sequence ends with
+INF-503 while the others go on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
+import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from schemas.errors import BackendUnavailable, DeadlineExceeded
+from schemas.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, LanewayError
 from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
-from workers.backends.base import Generation, GenerationInput, Outcome, map_backend_exception
+from workers.backends.base import Generation, GenerationInput, Outcome
+from workers.backends.llama_batch import BatchDecoder, Decoded, SequenceRequest
 from workers.models import prompt_style, resolve_gguf
 
-__all__ = ["LlamaCppBackend"]
+__all__ = ["TRANSCRIPT_STOPS", "LlamaCppBackend", "Prompt", "as_transcript"]
+
+TRANSCRIPT_STOPS = ("\nQuestion:", "\n\n")
+"""Where a transcript answer ends: the model starting the next question."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    text: str
+    stops: tuple[str, ...]
+    strip: bool
 
 
 class LlamaCppBackend:
@@ -31,94 +47,102 @@ class LlamaCppBackend:
     def __init__(self, model: str, settings: BackendSettings) -> None:
         self.model = model
         self._settings = settings
-        self._llama: Any = None
-        self._lock = threading.Lock()
         self._style = prompt_style(model)
+        self._decoder: BatchDecoder | None = None
+        self._template: Any = None
+        """A ``Jinja2ChatFormatter`` of the GGUF's chat template, for chat models."""
 
     async def load(self) -> None:
-        await asyncio.to_thread(self._load_sync)
-
-    def _load_sync(self) -> None:
-        path = resolve_gguf(self.model, self._settings.model_dir)
+        path = await asyncio.to_thread(resolve_gguf, self.model, self._settings.model_dir)
+        decoder = BatchDecoder(
+            str(path),
+            n_ctx=self._settings.n_ctx,
+            max_sequences=self._settings.llamacpp_max_sequences,
+            max_batch_tokens=self._settings.llamacpp_max_batch_tokens,
+            n_threads=self._settings.n_threads,
+            repeat_penalty=self._settings.repeat_penalty,
+        )
         try:
-            from llama_cpp import Llama
-
-            self._llama = Llama(
-                model_path=str(path),
-                n_ctx=self._settings.n_ctx,
-                n_threads=self._settings.n_threads,
-                verbose=False,
-            )
+            await asyncio.wrap_future(decoder.start())
         except Exception as exc:
             raise BackendUnavailable(f"llama.cpp could not load {path}: {exc}") from exc
+        template = decoder.metadata.get("tokenizer.chat_template")
+        if self._style == "chat" and template:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            try:
+                self._template = Jinja2ChatFormatter(
+                    template, eos_token=decoder.eos_text, bos_token=decoder.bos_text
+                )
+            except Exception as exc:
+                await asyncio.to_thread(decoder.close)
+                raise BackendUnavailable(
+                    f"{path} has a chat template jinja2 cannot read: {exc}"
+                ) from exc
+        self._decoder = decoder
+
+    def prompt(self, item: GenerationInput) -> Prompt:
+        """The text the model reads, the stop strings that end its answer."""
+        own = tuple(item.stop or ())
+        if self._template is None:
+            return Prompt(as_transcript(item.messages), own + TRANSCRIPT_STOPS, strip=True)
+        rendered = self._template(messages=[m.model_dump() for m in item.messages])
+        style_stops = rendered.stop if isinstance(rendered.stop, list) else [rendered.stop or ""]
+        return Prompt(rendered.prompt, own + tuple(s for s in style_stops if s), strip=False)
 
     async def infer_batch(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
-        if self._llama is None:
+        decoder = self._decoder
+        if decoder is None:
             raise BackendUnavailable(f"model {self.model} is not loaded")
-        return await asyncio.to_thread(self._infer_sync, inputs)
-
-    def _infer_sync(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
-        with self._lock:
-            return [self._one(item) for item in inputs]
-
-    def _one(self, item: GenerationInput) -> Outcome:
-        remaining = item.remaining_s()
-        if remaining is not None and remaining <= 0:
-            return DeadlineExceeded(
-                f"deadline passed {-remaining * 1000:.0f} ms before generation started"
+        outcomes: dict[int, Outcome] = {}
+        requests: list[tuple[int, Prompt, SequenceRequest]] = []
+        for i, item in enumerate(inputs):
+            remaining = item.remaining_s()
+            if remaining is not None and remaining <= 0:
+                outcomes[i] = DeadlineExceeded(
+                    f"deadline passed {-remaining * 1000:.0f} ms before generation started"
+                )
+                continue
+            try:
+                prompt = self.prompt(item)
+            except Exception as exc:  # the template refused the chat (e.g. its roles)
+                outcomes[i] = InvalidRequest(f"the model's chat template refused the chat: {exc}")
+                continue
+            request = SequenceRequest(
+                prompt=prompt.text,
+                max_tokens=item.max_tokens,
+                temperature=item.temperature,
+                seed=item.seed or 0,
+                stops=prompt.stops,
+                deadline=item.deadline,
             )
-        timed_out = False
-        eos = self._llama.token_eos()
-
-        def end_at_deadline(_input_ids: Any, scores: Any) -> Any:
-            """Past the deadline, only end-of-sequence may be sampled."""
-            nonlocal timed_out
-            if item.deadline is not None and time.monotonic() > item.deadline:
-                timed_out = True
-                scores[:] = -float("inf")
-                scores[eos] = 0.0
-            return scores
-
-        options: dict[str, Any] = {
-            "max_tokens": item.max_tokens,
-            "temperature": item.temperature,
-            "seed": 0,
-            "repeat_penalty": self._settings.repeat_penalty,
-            "logits_processor": [end_at_deadline],
-        }
+            requests.append((i, prompt, request))
+        futures = decoder.submit([request for _, _, request in requests])
+        waiting = [asyncio.wrap_future(f) for f in futures]
         try:
-            if self._style == "chat":
-                response = self._llama.create_chat_completion(
-                    messages=[m.model_dump() for m in item.messages], **options
-                )
-                text = response["choices"][0]["message"]["content"] or ""
-            else:
-                response = self._llama.create_completion(
-                    as_transcript(item.messages), stop=["\nQuestion:", "\n\n"], **options
-                )
-                text = response["choices"][0]["text"].strip()
-        except Exception as exc:
-            return map_backend_exception(exc)
-        if timed_out:
-            return DeadlineExceeded("generation was cut off at the request's deadline")
-        usage = response.get("usage") or {}
-        return Generation(
-            text=text,
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
-            completion_tokens=int(usage.get("completion_tokens", 0)),
-        )
+            results = await asyncio.gather(*waiting)
+        finally:
+            for future in waiting:  # when cancelled: the decoder drops the sequences
+                future.cancel()
+        for (i, prompt, _), result in zip(requests, results, strict=True):
+            outcomes[i] = _outcome(result, prompt)
+        return [outcomes[i] for i in range(len(inputs))]
 
     async def check_health(self) -> bool:
-        return self._llama is not None
+        return self._decoder is not None and self._decoder.alive
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._close_sync)
+        decoder, self._decoder = self._decoder, None
+        if decoder is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(decoder.close)
 
-    def _close_sync(self) -> None:
-        with self._lock:  # never free the model under a generation still running
-            llama, self._llama = self._llama, None
-            if llama is not None:
-                llama.close()
+
+def _outcome(result: Decoded | LanewayError, prompt: Prompt) -> Outcome:
+    if isinstance(result, LanewayError):
+        return result
+    text = result.text.strip() if prompt.strip else result.text
+    return Generation(text, result.prompt_tokens, result.completion_tokens)
 
 
 def as_transcript(messages: Sequence[ChatMessage]) -> str:

@@ -1,0 +1,430 @@
+"""One llama.cpp context decoding many sequences together, with continuous
+batching.
+
+The context holds ``max_sequences`` sequences (seq ids), each with a KV
+cache of its own: ``kv_unified=False``, with which this llama.cpp splits the
+context's cells evenly between the sequences, so the context is sized
+``n_ctx * max_sequences`` and every sequence gets ``n_ctx``. (A unified
+cache would let a sequence's logits depend on the cells its neighbours fill;
+llama.cpp then also computes a ubatch's sequences in runs of consecutive seq
+ids, so a sequence takes the lowest free seq id and the batch is laid out in
+seq id order.) One thread owns every llama.cpp call: it loads the model,
+tokenizes, and runs ONE ``llama_decode`` per step for all sequences in
+flight: a token of each generating sequence, and the prompt chunks of newly
+admitted ones in what is left of ``n_batch``.
+
+Callers ``submit`` sequences from any thread and get a future per sequence.
+Between steps the thread admits waiting sequences, oldest first, while a
+sequence slot is free and the prompt + ``max_tokens`` of the sequences in
+flight stays within ``max_batch_tokens``; so a request that arrives while a
+long batch runs starts at the next step, and a short one finishes first.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import llama_cpp
+import numpy as np
+from llama_cpp import Llama
+from llama_cpp._utils import suppress_stdout_stderr
+
+from schemas.errors import (
+    BackendUnavailable,
+    DeadlineExceeded,
+    InvalidRequest,
+    LanewayError,
+    OutOfMemory,
+)
+from workers.backends.base import map_backend_exception
+from workers.backends.sampling import Sampler, StopScanner
+
+__all__ = ["BatchDecoder", "Decoded", "Result", "SequenceRequest", "admit_count", "plan_step"]
+
+log = logging.getLogger(__name__)
+
+CUT_OFF = "generation was cut off at the request's deadline"
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceRequest:
+    prompt: str
+    """Text to tokenize, special tokens parsed (a rendered chat template)."""
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    stops: tuple[str, ...] = ()
+    deadline: float | None = None
+    """On the ``time.monotonic()`` clock; ``None`` = none."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    text: str
+    """Generated text up to the first stop string; end-of-generation tokens excluded."""
+    prompt_tokens: int
+    completion_tokens: int
+    finish: Literal["stop", "length", "eog"]
+
+
+Result = Decoded | LanewayError
+
+
+def admit_count(costs: Sequence[int], free_slots: int, in_use: int, budget: int) -> int:
+    """How many of the waiting sequences (their prompt + ``max_tokens``,
+    oldest first) start now: strictly in order, so a large one is never
+    overtaken for ever by small ones behind it."""
+    n = 0
+    for cost in costs:
+        if n == free_slots or in_use + cost > budget:
+            break
+        in_use += cost
+        n += 1
+    return n
+
+
+def plan_step(todo: Sequence[int], n_batch: int) -> list[int]:
+    """Tokens each sequence feeds into the next decode, given how many it
+    has to feed (1 for a generating sequence, its prompt for a new one):
+    one each first, so generation never waits for a long prompt, then
+    prompt chunks, oldest sequence first, up to ``n_batch`` in all."""
+    counts = [min(1, n) for n in todo]
+    room = n_batch - sum(counts)
+    for i, n in enumerate(todo):
+        extra = max(0, min(n - counts[i], room))
+        counts[i] += extra
+        room -= extra
+    return counts
+
+
+@dataclass(eq=False, slots=True)
+class _Sequence:
+    request: SequenceRequest
+    future: concurrent.futures.Future[Result]
+    prompt: list[int] = field(default_factory=list)
+    todo: list[int] = field(default_factory=list)
+    """Tokens not yet decoded: the rest of the prompt, or the last sampled one."""
+    slot: int = -1
+    n_past: int = 0
+    completion: int = 0
+    sampler: Sampler | None = None
+    scanner: StopScanner | None = None
+
+    @property
+    def cost(self) -> int:
+        return len(self.prompt) + self.request.max_tokens
+
+
+def _resolve(future: concurrent.futures.Future[Result], result: Result) -> None:
+    if not future.done():  # a cancelled caller no longer listens
+        future.set_result(result)
+
+
+class BatchDecoder:
+    """See the module docstring. ``start()`` loads; ``close()`` fails what is
+    still queued or running with INF-502 and frees the context."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        n_ctx: int,
+        max_sequences: int,
+        max_batch_tokens: int,
+        n_threads: int,
+        repeat_penalty: float,
+        n_batch: int = 512,
+    ) -> None:
+        self.model_path = model_path
+        self.max_sequences = max_sequences
+        self.max_batch_tokens = max_batch_tokens
+        self._n_ctx = n_ctx
+        self._n_batch = max(n_batch, max_sequences)
+        self._n_threads = n_threads
+        self._repeat_penalty = repeat_penalty
+        self.metadata: dict[str, str] = {}
+        self.bos_text = ""
+        self.eos_text = ""
+        self.n_ctx_seq = n_ctx
+        """Longest prompt + ``max_tokens`` of one sequence (llama.cpp may pad it)."""
+        self._cv = threading.Condition()
+        self._inbox: list[_Sequence] = []
+        self._closing = False
+        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, name="llama-batch", daemon=True)
+        # Owned by the decode thread:
+        self._waiting: deque[_Sequence] = deque()
+        self._active: list[_Sequence] = []
+        self._free_slots: list[int] = []
+        self._pieces: dict[int, bytes] = {}
+        self.peak_sequences = 0
+        """Most sequences that were ever decoded together (for tests and the bench)."""
+        self._llama: Any = None
+        self._ctx: Any = None
+        self._mem: Any = None
+        self._vocab: Any = None
+        self._batch: Any = None
+        self._n_vocab = 0
+        self._add_bos = False
+
+    # -- any thread ---------------------------------------------------------
+
+    def start(self) -> concurrent.futures.Future[None]:
+        """Starts the decode thread; the future resolves once the model is loaded."""
+        self._thread.start()
+        return self._ready
+
+    @property
+    def alive(self) -> bool:
+        return self._ready.done() and self._ready.exception() is None and self._thread.is_alive()
+
+    def submit(
+        self, requests: Sequence[SequenceRequest]
+    ) -> list[concurrent.futures.Future[Result]]:
+        sequences = [_Sequence(r, concurrent.futures.Future()) for r in requests]
+        with self._cv:
+            if self._closing or not self._thread.is_alive():
+                for seq in sequences:
+                    _resolve(seq.future, BackendUnavailable("the llama.cpp decoder is closed"))
+            else:
+                self._inbox.extend(sequences)
+                self._cv.notify()
+        return [seq.future for seq in sequences]
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Blocking: call it off the event loop."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    # -- the decode thread --------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._open()
+        except BaseException as exc:
+            self._free()
+            self._ready.set_exception(exc)
+            return
+        self._ready.set_result(None)
+        error: LanewayError = BackendUnavailable("the llama.cpp decoder closed before it finished")
+        try:
+            self._loop()
+        except BaseException as exc:  # a llama.cpp failure: everything in flight gets it
+            log.exception("llama.cpp decode thread failed")
+            error = map_backend_exception(exc)
+        finally:
+            with self._cv:
+                self._closing = True
+                pending, self._inbox = self._inbox, []
+            for seq in [*pending, *self._waiting, *self._active]:
+                _resolve(seq.future, error)
+            self._waiting.clear()
+            self._active.clear()
+            self._free()
+
+    def _open(self) -> None:
+        # The high-level Llama reads the GGUF (weights, vocab, metadata); its
+        # own context is kept minimal: decoding runs on the context below.
+        self._llama = Llama(
+            model_path=self.model_path,
+            n_ctx=256,
+            n_batch=32,
+            n_ubatch=32,
+            n_threads=self._n_threads,
+            verbose=False,
+        )
+        model = self._llama.model
+        self.metadata = dict(self._llama.metadata)
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        bos, eos = self._llama.token_bos(), self._llama.token_eos()
+        self.bos_text = self._piece(bos, special=True).decode(errors="ignore") if bos >= 0 else ""
+        self.eos_text = self._piece(eos, special=True).decode(errors="ignore") if eos >= 0 else ""
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = self._n_ctx * self.max_sequences
+        params.n_seq_max = self.max_sequences
+        params.kv_unified = False
+        params.n_batch = params.n_ubatch = self._n_batch
+        params.n_threads = params.n_threads_batch = self._n_threads
+        with suppress_stdout_stderr(disable=False):  # llama.cpp's load report
+            self._ctx = llama_cpp.llama_init_from_model(model, params)
+        if not self._ctx:
+            raise BackendUnavailable(f"llama.cpp could not create a context for {self.model_path}")
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self._free_slots = list(range(self.max_sequences))
+
+    def _free(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._llama is not None:
+            self._llama.close()
+            self._llama = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._closing or self._inbox or self._waiting or self._active):
+                    self._cv.wait()
+                if self._closing:
+                    return
+                arrived, self._inbox = self._inbox, []
+            for seq in arrived:
+                self._intake(seq)
+            self._expire()
+            self._admit()
+            if self._active:
+                self._step()
+
+    def _intake(self, seq: _Sequence) -> None:
+        """Tokenize, and refuse what can never fit."""
+        request = seq.request
+        text = request.prompt.encode()
+        add_bos = self._add_bos and not (self.bos_text and request.prompt.startswith(self.bos_text))
+        try:
+            seq.prompt = self._llama.tokenize(text, add_bos=add_bos, special=True)
+        except Exception as exc:
+            _resolve(seq.future, InvalidRequest(f"the prompt cannot be tokenized: {exc}"))
+            return
+        limit = min(self.n_ctx_seq, self.max_batch_tokens)
+        if not seq.prompt or seq.cost > limit:
+            which = (
+                f"the context of {self.n_ctx_seq} tokens per sequence (LANEWAY_BACKEND_N_CTX)"
+                if limit == self.n_ctx_seq
+                else f"the batch budget of {limit} tokens "
+                "(LANEWAY_BACKEND_LLAMACPP_MAX_BATCH_TOKENS)"
+            )
+            _resolve(
+                seq.future,
+                InvalidRequest(
+                    f"the prompt is {len(seq.prompt)} tokens and max_tokens={request.max_tokens}: "
+                    f"{seq.cost} tokens do not fit {which}"
+                ),
+            )
+            return
+        seq.todo = list(seq.prompt)
+        seq.sampler = Sampler(request.temperature, request.seed, self._repeat_penalty)
+        seq.scanner = StopScanner(request.stops)
+        self._waiting.append(seq)
+
+    def _expire(self) -> None:
+        """Drop what no one waits for any more, and end what is past its deadline."""
+        now = time.monotonic()
+        for seq in list(self._waiting):
+            deadline = seq.request.deadline
+            if seq.future.cancelled():
+                self._waiting.remove(seq)
+            elif deadline is not None and now > deadline:
+                self._waiting.remove(seq)
+                late_ms = (now - deadline) * 1000
+                _resolve(
+                    seq.future,
+                    DeadlineExceeded(f"deadline passed {late_ms:.0f} ms before generation started"),
+                )
+        for seq in list(self._active):
+            deadline = seq.request.deadline
+            if seq.future.cancelled():
+                self._release(seq)
+            elif deadline is not None and now > deadline:
+                self._finish(seq, DeadlineExceeded(CUT_OFF))
+
+    def _admit(self) -> None:
+        in_use = sum(seq.cost for seq in self._active)
+        costs = [seq.cost for seq in self._waiting]
+        for _ in range(admit_count(costs, len(self._free_slots), in_use, self.max_batch_tokens)):
+            seq = self._waiting.popleft()
+            seq.slot = min(self._free_slots)
+            self._free_slots.remove(seq.slot)
+            self._active.append(seq)
+        self.peak_sequences = max(self.peak_sequences, len(self._active))
+
+    def _step(self) -> None:
+        batch = self._batch
+        planned = plan_step([len(seq.todo) for seq in self._active], self._n_batch)
+        counts = dict(zip(self._active, planned, strict=True))
+        outputs: list[tuple[_Sequence, int]] = []
+        n = 0
+        for seq in sorted(self._active, key=lambda q: q.slot):  # runs of consecutive seq ids
+            count = counts[seq]
+            for j in range(count):
+                batch.token[n] = seq.todo[j]
+                batch.pos[n] = seq.n_past + j
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq.slot
+                batch.logits[n] = 0
+                n += 1
+            if count and count == len(seq.todo):
+                batch.logits[n - 1] = 1
+                outputs.append((seq, n - 1))
+            seq.n_past += count
+            del seq.todo[:count]
+        batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self._ctx, batch)
+        if rc != 0:
+            error: LanewayError = (
+                OutOfMemory("llama.cpp found no KV cache slot for the batch")
+                if rc == 1
+                else BackendUnavailable(f"llama_decode failed with {rc}")
+            )
+            for seq in list(self._active):
+                self._finish(seq, error)
+            return
+        for seq, i in outputs:
+            pointer = llama_cpp.llama_get_logits_ith(self._ctx, i)
+            logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
+            assert seq.sampler is not None
+            self._advance(seq, seq.sampler.sample(logits))
+
+    def _advance(self, seq: _Sequence, token: int) -> None:
+        assert seq.sampler is not None and seq.scanner is not None
+        if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+            self._finish(seq, self._decoded(seq, "eog"))
+            return
+        seq.sampler.accept(token)
+        seq.completion += 1
+        if seq.scanner.feed(self._piece(token)):
+            self._finish(seq, self._decoded(seq, "stop"))
+        elif seq.completion >= seq.request.max_tokens:
+            self._finish(seq, self._decoded(seq, "length"))
+        else:
+            seq.todo.append(token)
+
+    def _decoded(self, seq: _Sequence, finish: Literal["stop", "length", "eog"]) -> Decoded:
+        assert seq.scanner is not None
+        return Decoded(seq.scanner.text(), len(seq.prompt), seq.completion, finish)
+
+    def _finish(self, seq: _Sequence, result: Result) -> None:
+        self._release(seq)
+        _resolve(seq.future, result)
+
+    def _release(self, seq: _Sequence) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)
+        self._active.remove(seq)
+        self._free_slots.append(seq.slot)
+
+    def _piece(self, token: int, special: bool = False) -> bytes:
+        key = token if not special else -1 - token
+        piece = self._pieces.get(key)
+        if piece is None:
+            buffer = ctypes.create_string_buffer(256)
+            size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 256, 0, special)
+            piece = buffer.raw[: max(size, 0)]
+            self._pieces[key] = piece
+        return piece
