@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -71,6 +71,12 @@ class InferenceRequest(WireModel):
     max_tokens: int = 128
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     deadline_ms: int | None = Field(default=None, ge=1)
+    stop: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        default=None, max_length=4
+    )
+    """Up to 4 strings that end the answer (not included in it)."""
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    """Seeds the sampling at ``temperature > 0`` (unset = 0)."""
     lane: Lane | None = None
     reply_to: str | None = None
     batch_id: str | None = None

@@ -307,6 +307,8 @@ class Executor:
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             deadline=None if remaining is None else time.monotonic() + remaining / 1000,
+            stop=request.stop,
+            seed=request.seed,
         )
 
     def _result(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
@@ -41,12 +42,16 @@ class OpenAIBackend:
         return list(await asyncio.gather(*(self._one(self._client, item) for item in inputs)))
 
     async def _one(self, client: httpx.AsyncClient, item: GenerationInput) -> Outcome:
-        body = {
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": [m.model_dump() for m in item.messages],
             "max_tokens": item.max_tokens,
             "temperature": item.temperature,
         }
+        if item.stop:
+            body["stop"] = list(item.stop)
+        if item.seed is not None:
+            body["seed"] = item.seed
         timeout = self._settings.openai_timeout_s
         remaining = item.remaining_s()
         if remaining is not None:
