@@ -25,8 +25,9 @@ import socket
 import sys
 import uuid
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -34,6 +35,10 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from schemas.messages import Feedback, InferenceRequest, InferenceResult
 from schemas.settings import KafkaSettings
+
+if TYPE_CHECKING:
+    from schemas.jobs import BatchJob
+    from schemas.settings import Settings
 
 __all__ = ["LanewayClient", "default_client_id"]
 
@@ -191,6 +196,44 @@ class LanewayClient:
         await self._producer.send_and_wait(
             self._feedback_topic, verdict.model_dump_json().encode(), key=request_id.encode()
         )
+
+    async def submit_batch(
+        self,
+        source: FsPath | str | bytes | Sequence[Mapping[str, Any]],
+        *,
+        settings: Settings,
+        tenant: str | None = None,
+        window_s: int | None = None,
+        skip_invalid: bool = False,
+    ) -> BatchJob:
+        """Submit a batch job (``laneway batch submit``): a JSONL file's path
+        or bytes, or its lines as objects. Returns once every line is
+        produced, with this client's producer; ``settings`` names the Redis
+        that keeps the job. The same input under the same tenant is the same
+        job, resumed where it stopped. ``InvalidBatchFile`` lists every bad
+        line unless ``skip_invalid``."""
+        from streams.jobs.submit import submit_file
+
+        if isinstance(source, bytes):
+            data = source
+        elif isinstance(source, FsPath | str):
+            data = await asyncio.to_thread(FsPath(source).read_bytes)
+        else:
+            data = b"".join(json.dumps(dict(line)).encode() + b"\n" for line in source)
+        return await submit_file(
+            settings,
+            data,
+            tenant=tenant,
+            window_s=window_s,
+            skip_invalid=skip_invalid,
+            producer=self._producer,
+        )
+
+    async def batch_status(self, job_id: str, *, settings: Settings) -> BatchJob | None:
+        """The job's status and counts, ``None`` when there is no such job."""
+        from streams.jobs.progress import get_job
+
+        return await get_job(settings, job_id)
 
     async def _read_replies(self) -> None:
         assert self._consumer is not None

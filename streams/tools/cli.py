@@ -81,6 +81,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--settle-s", type=float, default=5.0, help="--overload: pause between steps"
     )
+    bench.add_argument(
+        "--batch",
+        type=int,
+        metavar="N",
+        help="an N-line batch job: its throughput, and realtime p99 without and with it",
+    )
+    bench.add_argument(
+        "--rt-rps", type=float, default=2.0, help="--batch: realtime requests per second"
+    )
 
     prewarm = sub.add_parser(
         "prewarm", help="refresh the cache entries of the most asked questions (nightly)"
@@ -91,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
     prewarm.add_argument("--json", action="store_true", help="print the report as JSON")
 
     sub.add_parser("demo", help="start the embedded stack, ask a question on every lane, stop")
+
+    from streams.jobs.commands import add_batch_parser
+
+    add_batch_parser(sub)
+    check = sub.add_parser("check", help="load every configured model and run one inference each")
+    check.add_argument("--path", action="append", choices=["light", "heavy"], help="default: both")
+    check.add_argument("--json", action="store_true")
     return parser
 
 
@@ -222,6 +238,11 @@ def _bench(settings: Settings, args: argparse.Namespace) -> int:
 
         return compare(settings, args)
 
+    if args.batch:
+        from streams.tools.bench_batch import run_batch_bench
+
+        return run_batch_bench(settings, args)
+
     return run_bench(settings, args)
 
 
@@ -253,6 +274,24 @@ def _schema(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch(settings: Settings, args: argparse.Namespace) -> int:
+    if args.batch_command == "tracker":
+        from streams.jobs.tracker import serve_tracker
+
+        with _ops_endpoints(settings) as state:
+            asyncio.run(serve_tracker(settings, state))
+        return 0
+    from streams.jobs.commands import run_batch
+
+    return run_batch(settings, args)
+
+
+def _check(settings: Settings, args: argparse.Namespace) -> int:
+    from workers.check import run_check
+
+    return run_check(settings, args.path, as_json=args.json)
+
+
 def _demo(settings: Settings, args: argparse.Namespace) -> int:
     from streams.tools.demo import run_demo
 
@@ -270,6 +309,8 @@ _COMMANDS = {
     "prewarm": _prewarm,
     "demo": _demo,
     "schema": _schema,
+    "batch": _batch,
+    "check": _check,
 }
 
 if __name__ == "__main__":

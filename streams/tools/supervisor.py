@@ -76,9 +76,9 @@ class Stack:
         self.out = out or sys.stdout
         self._lock = threading.Lock()
         ports = (
-            [http_port_base + i for i in range(len(lanes) + 2)]
+            [http_port_base + i for i in range(len(lanes) + 3)]
             if http_port_base
-            else [free_port() for _ in range(len(lanes) + 2)]
+            else [free_port() for _ in range(len(lanes) + 3)]
         )
         self.children = [
             Child("classifier", ["classifier"], ports[0]),
@@ -88,6 +88,8 @@ class Stack:
             ),
             # The quality loop that keeps the router's statistics (DESIGN: 9404).
             Child("router", ["router"], ports[len(lanes) + 1]),
+            # Counts batch jobs' results (streams.jobs.tracker): 9405.
+            Child("batch-tracker", ["batch", "tracker"], ports[len(lanes) + 2]),
         ]
         self._stopping = False
         self._child_env = child_env or {}

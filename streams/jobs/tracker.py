@@ -1,0 +1,163 @@
+"""The job tracker: counts every batch request's terminal result.
+
+It reads ``<p>.results`` (every terminal result, whoever produced the
+request) and ``<p>.requests`` in a consumer group of its own
+(``<app_id>-batch-tracker``), and for each record with a ``batch_id``:
+
+- a result is recorded under its job by request id, first one kept, and
+  counted ``done`` or ``failed`` in the same script: a redelivered or
+  duplicated result changes nothing;
+- a request of a job that no ``laneway batch submit`` created (any Kafka
+  producer may write requests with a ``batch_id``) is counted into that
+  job's total, so its counts add up too.
+
+Offsets are committed only after Redis took a poll's writes: a crash or a
+Redis error reads them again. Every ``LANEWAY_BATCH_SWEEP_INTERVAL_S`` the
+open jobs are settled (completion, expiry), each move published on
+``<p>.batch.jobs``. ``laneway up`` runs it as the ``batch-tracker`` child;
+elsewhere run ``laneway batch tracker`` (one or more: they share the group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+
+from schemas.settings import Settings
+from streams.jobs.events import Mover, now_ms
+from streams.jobs.store import JobStore
+from streams.ops import ProcessState, heartbeat
+
+__all__ = ["JobTracker", "parse_records", "serve_tracker"]
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 500
+MAX_RECORDS = 1000
+
+
+def _batch_fields(value: bytes | None) -> tuple[str, str, dict[str, Any]] | None:
+    """``(batch id, id, object)`` of a record that names a batch, cheaply:
+    most results have ``"batch_id":null`` and are not decoded at all."""
+    if not value or b'"batch_id"' not in value or b'"batch_id":null' in value:
+        return None
+    try:
+        data = json.loads(value)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    batch_id, request_id = data.get("batch_id"), data.get("id")
+    if not isinstance(batch_id, str) or not batch_id or not isinstance(request_id, str):
+        return None
+    return batch_id, request_id, data
+
+
+def parse_records(
+    records: Sequence[ConsumerRecord[bytes, bytes]], results_topic: str
+) -> tuple[list[tuple[str, str, str, bool]], list[tuple[str, str]]]:
+    """Results ``(job, request id, JSON, ok)`` and requests ``(job, request
+    id)`` among ``records``."""
+    results: list[tuple[str, str, str, bool]] = []
+    requests: list[tuple[str, str]] = []
+    for record in records:
+        found = _batch_fields(record.value)
+        if found is None:
+            continue
+        batch_id, request_id, data = found
+        if record.topic == results_topic:
+            ok = data.get("status") == "ok"
+            assert record.value is not None
+            results.append((batch_id, request_id, record.value.decode(), ok))
+        else:
+            requests.append((batch_id, request_id))
+    return results, requests
+
+
+class JobTracker:
+    def __init__(self, settings: Settings, redis: Any, producer: Any) -> None:
+        self.settings = settings
+        self.store = JobStore(
+            redis, settings.redis.key_prefix, retention_s=settings.batch.retention_s
+        )
+        self.mover = Mover(self.store, producer, settings)
+        self.results_topic = settings.topic("results")
+        self.requests_topic = settings.topic("requests")
+        self.recorded = 0
+
+    async def handle(self, records: Sequence[ConsumerRecord[bytes, bytes]]) -> None:
+        """Record one poll's records and settle the jobs they touched."""
+        results, requests = parse_records(records, self.results_topic)
+        window_s = self.settings.batch.window_s
+        now = now_ms()
+        await self.store.seen(requests, now_ms=now, window_s=window_s)
+        self.recorded += await self.store.record(results, now_ms=now, window_s=window_s)
+        for job_id in sorted({r[0] for r in results}):
+            await self.mover.settle(job_id)
+
+    async def sweep(self) -> None:
+        for job_id in await self.store.open_jobs():
+            await self.mover.settle(job_id)
+
+    async def run(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        next_sweep = loop.time()
+        while not stop.is_set():
+            polled = await consumer.getmany(timeout_ms=POLL_MS, max_records=MAX_RECORDS)
+            records = [r for batch in polled.values() for r in batch]
+            try:
+                if records:
+                    await self.handle(records)
+                    await consumer.commit()
+                if loop.time() >= next_sweep:
+                    next_sweep = loop.time() + self.settings.batch.sweep_interval_s
+                    await self.sweep()
+            except Exception:  # Redis or broker trouble: read the records again
+                log.exception(
+                    "batch tracker: could not record %d records; reading again", len(records)
+                )
+                for tp, batch in polled.items():
+                    if batch:
+                        consumer.seek(tp, batch[0].offset)
+                await asyncio.sleep(1.0)
+
+
+async def serve_tracker(settings: Settings, state: ProcessState) -> None:
+    """The tracker process, until SIGTERM/SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    beats = asyncio.create_task(heartbeat(state))
+    options = settings.kafka.client_options()
+    consumer = AIOKafkaConsumer(
+        settings.topic("results"),
+        settings.topic("requests"),
+        group_id=f"{settings.app_id}-batch-tracker",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
+        **options,
+    )
+    producer = AIOKafkaProducer(
+        acks="all", enable_idempotence=settings.kafka.enable_idempotence, **options
+    )
+    redis = settings.redis.client()
+    try:
+        await producer.start()
+        await consumer.start()
+        state.ready, state.detail = True, "tracking batch jobs"
+        log.info("batch tracker up: %s, %s", settings.topic("results"), settings.topic("requests"))
+        await JobTracker(settings, redis, producer).run(consumer, stop)
+    finally:
+        state.ready = False
+        beats.cancel()
+        await consumer.stop()
+        await producer.stop()
+        await redis.aclose()

@@ -1,0 +1,113 @@
+"""The batch job store's scripts on real Redis: a result is counted once
+however often it arrives, moves follow the status machine, a job only
+Kafka producers wrote to is counted from what the tracker sees."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from schemas.jobs import BatchCounts, BatchJob, BatchJobStatus
+from schemas.messages import RequestLimits
+from streams.jobs.jsonl import parse_jsonl
+from streams.jobs.store import JobStore
+
+S = BatchJobStatus
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[JobStore]:
+    redis = aioredis.from_url(redis_url)
+    try:
+        yield JobStore(redis, f"t-{uuid.uuid4().hex[:8]}", retention_s=60)
+    finally:
+        await redis.aclose()
+
+
+def new_job(total: int = 3) -> BatchJob:
+    return BatchJob(
+        id=f"batch_{uuid.uuid4().hex[:20]}",
+        status=S.VALIDATING,
+        tenant="acme",
+        counts=BatchCounts(total=total, invalid=1),
+        created_at_ms=1_000,
+        expires_at_ms=10_000,
+    )
+
+
+async def test_a_job_is_created_once_and_moves_by_the_rules(store: JobStore) -> None:
+    job = new_job()
+    assert await store.create(job)
+    assert not await store.create(job.model_copy(update={"tenant": "other"}))
+    assert await store.get(job.id) == job
+    assert await store.move(job.id, S.COMPLETED, 2_000) is None  # not from validating
+    assert await store.move(job.id, S.IN_PROGRESS, 2_000) is S.VALIDATING
+    assert await store.move(job.id, S.IN_PROGRESS, 2_000) is None
+    assert await store.open_jobs() == [job.id]
+    assert await store.move(job.id, S.CANCELLED, 3_000) is S.IN_PROGRESS
+    cancelled = await store.get(job.id)
+    assert cancelled is not None and cancelled.status is S.CANCELLED
+    assert cancelled.finished_at_ms == 3_000
+    assert await store.open_jobs() == []
+    assert 0 < await store.redis.ttl(store.key(job.id)) <= 60
+    assert await store.cancelled([job.id, "batch_other"]) == {job.id}
+    assert [j.id for j in await store.list_jobs()] == [job.id]
+
+
+async def test_a_result_counts_once_however_often_it_arrives(store: JobStore) -> None:
+    job = new_job()
+    await store.create(job)
+    entries: list[Any] = [
+        (job.id, "r1", '{"id": "r1"}', True),
+        (job.id, "r2", '{"id": "r2"}', False),
+        (job.id, "r1", '{"id": "r1", "again": 1}', True),
+    ]
+    assert await store.record(entries, now_ms=2_000, window_s=60) == 2
+    assert await store.record(entries[:2], now_ms=2_000, window_s=60) == 0
+    counts = (await store.get(job.id)).counts  # type: ignore[union-attr]
+    assert (counts.done, counts.failed, counts.total) == (1, 1, 3)
+    assert await store.results(job.id, ["r1", "r2", "r3"]) == ['{"id": "r1"}', '{"id": "r2"}', None]
+    assert await store.seen([(job.id, "r1")], now_ms=2_000, window_s=60) == 0  # a file's job
+
+
+async def test_produced_only_grows(store: JobStore) -> None:
+    job = new_job()
+    await store.create(job)
+    await store.raise_produced(job.id, 5)
+    await store.raise_produced(job.id, 2)
+    assert (await store.get(job.id)).counts.produced == 5  # type: ignore[union-attr]
+
+
+async def test_a_kafka_job_is_counted_from_its_requests_and_results(store: JobStore) -> None:
+    assert (
+        await store.seen([("native", "a"), ("native", "b"), ("native", "a")], now_ms=5, window_s=9)
+        == 2
+    )
+    await store.record(
+        [("native", "a", "{}", True), ("native", "c", "{}", False)], now_ms=6, window_s=9
+    )
+    job = await store.get("native")
+    assert job is not None and job.source == "kafka" and job.status is S.IN_PROGRESS
+    assert (job.counts.total, job.counts.done, job.counts.failed) == (3, 1, 1)
+    assert job.expires_at_ms == 5 + 9_000
+
+
+async def test_lines_and_invalid_lines_are_kept_in_order(store: JobStore) -> None:
+    data = b"\n".join(
+        [b'{"custom_id": "a", "body": {"prompt": "x"}}', b"oops"]
+        + [b'{"custom_id": "c%d", "body": {"prompt": "x"}}' % i for i in range(1500)]
+    )
+    parsed = parse_jsonl(data, RequestLimits())
+    job = new_job(len(parsed.lines))
+    await store.create(job)
+    await store.put_lines(job.id, parsed.lines, parsed.errors)
+    await store.put_lines(job.id, parsed.lines, parsed.errors)  # a resumed submission
+    got = [pair async for chunk in store.lines(job.id) for pair in chunk]
+    assert got == [(ln.line, ln.custom_id) for ln in parsed.lines]
+    assert await store.invalid(job.id) == [
+        {"line": 2, "custom_id": None, "error": parsed.errors[0].message}
+    ]

@@ -1,0 +1,136 @@
+"""Readiness: load each configured model and have it answer one short
+inference (``laneway check``; a lane worker's warm-up can call
+``check_paths`` with the backends it already loaded, so it reports ready
+only after its model answered).
+
+``laneway check`` exits 1 naming each model that failed, so it works as a
+CI/CD step or a container health step::
+
+    $ LANEWAY_BACKEND_HEAVY_MODEL=/models/missing.gguf laneway check
+    ok    light  llamacpp:smollm2-135m  0.9 s  "Hello! How can I help?"
+    FAIL  heavy  llamacpp:/models/missing.gguf  0.0 s  INF-502: model file ... does not exist
+    laneway check: 1 of 2 models failed: heavy=llamacpp:/models/missing.gguf
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from schemas.errors import LanewayError
+from schemas.messages import ChatMessage, Path
+from schemas.settings import BackendSettings, Settings
+from workers.backends import Backend, GenerationInput, create_backend, map_backend_exception
+
+__all__ = ["ModelCheck", "check_paths", "model_of", "probe", "run_check"]
+
+PROBE_PROMPT = "Say hello."
+PROBE_MAX_TOKENS = 8
+PROBE_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCheck:
+    path: str
+    backend: str
+    model: str
+    ok: bool
+    seconds: float
+    detail: str
+    """The start of the answer, or what went wrong (with its error code)."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}={self.backend}:{self.model}"
+
+
+def model_of(settings: BackendSettings, path: Path) -> tuple[str, str]:
+    """``(backend kind, model)`` configured for ``path``."""
+    if path is Path.LIGHT:
+        return settings.light, settings.light_model
+    if path is Path.HEAVY:
+        return settings.heavy, settings.heavy_model
+    raise ValueError(f"{path} is not a model path")
+
+
+async def probe(backend: Backend, *, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
+    """One short inference on a loaded backend: ``(answered, detail)``."""
+    probe_input = GenerationInput(
+        messages=[ChatMessage(role="user", content=PROBE_PROMPT)],
+        max_tokens=PROBE_MAX_TOKENS,
+        temperature=0.0,
+        deadline=time.monotonic() + timeout_s,
+    )
+    try:
+        outcomes = await asyncio.wait_for(backend.infer_batch([probe_input]), timeout_s)
+    except BaseException as exc:  # every failure is a failed check
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        error = map_backend_exception(exc)
+        return False, f"{error.code}: {error.message}"
+    if len(outcomes) != 1:
+        return False, f"backend returned {len(outcomes)} outcomes for 1 input"
+    outcome = outcomes[0]
+    if isinstance(outcome, LanewayError):
+        return False, f"{outcome.code}: {outcome.message}"
+    if outcome.completion_tokens == 0 and not outcome.text.strip():
+        return False, "the model answered nothing"
+    return True, outcome.text.strip()[:60]
+
+
+async def check_paths(
+    settings: Settings,
+    paths: Sequence[Path],
+    *,
+    loaded: Mapping[Path, Backend] | None = None,
+    timeout_s: float = PROBE_TIMEOUT_S,
+) -> list[ModelCheck]:
+    """Check each of ``paths``, one after another: a backend in ``loaded``
+    is probed as it is (and left open); any other is created, loaded,
+    probed and closed. Never raises for a failing model: its check says why."""
+    checks = []
+    for path in paths:
+        kind, model = model_of(settings.backend, path)
+        started = time.monotonic()
+        given = (loaded or {}).get(path)
+        backend: Backend | None = given
+        try:
+            if backend is None:
+                backend = create_backend(kind, model, settings.backend)
+                await asyncio.wait_for(backend.load(), timeout_s)
+            ok, detail = await probe(backend, timeout_s=timeout_s)
+        except Exception as exc:  # a model that cannot load fails its check
+            error = map_backend_exception(exc)
+            ok, detail = False, f"{error.code}: {error.message}"
+        finally:
+            if given is None and backend is not None:
+                try:
+                    await backend.close()
+                except Exception:  # closing a broken backend
+                    pass
+        checks.append(
+            ModelCheck(str(path), kind, model, ok, round(time.monotonic() - started, 2), detail)
+        )
+    return checks
+
+
+def run_check(settings: Settings, paths: Sequence[str] | None, *, as_json: bool = False) -> int:
+    """``laneway check``: 0 when every model answered, else 1."""
+    chosen = [Path(p) for p in paths] if paths else [Path.LIGHT, Path.HEAVY]
+    checks = asyncio.run(check_paths(settings, chosen))
+    failed = [c for c in checks if not c.ok]
+    if as_json:
+        print(json.dumps([asdict(c) for c in checks]))
+    else:
+        for c in checks:
+            mark = "ok  " if c.ok else "FAIL"
+            print(f"{mark}  {c.path:5}  {c.backend}:{c.model}  {c.seconds:.1f} s  {c.detail!r}")
+        if failed:
+            names = ", ".join(c.name for c in failed)
+            print(f"laneway check: {len(failed)} of {len(checks)} models failed: {names}")
+        else:
+            print(f"laneway check: all {len(checks)} models answered")
+    return 1 if failed else 0
