@@ -422,6 +422,19 @@ class BackendSettings(BaseSettings):
     openai_api_key: SecretStr = SecretStr("none")
     openai_timeout_s: float = Field(default=60.0, gt=0)
     vllm_gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
+    """Share of the GPU's memory the in-process vLLM engine may take (weights + KV cache)."""
+    vllm_max_model_len: int | None = Field(default=4096, ge=64)
+    """Longest prompt plus answer, in tokens, that the vLLM engine accepts; it
+    also sizes the KV cache. ``None`` = the model's own context length, which
+    for a long-context model may not fit in ``vllm_gpu_memory_utilization``."""
+    vllm_model_dir: FsPath | None = None
+    """A local Hugging Face model directory (``config.json``, tokenizer,
+    ``*.safetensors``) for the vllm backend, or a folder of them named after
+    the models (``<dir>/<model>``). Unset: ``model`` itself must be a local
+    directory or a Hub id (which vLLM would download)."""
+    vllm_enforce_eager: bool = False
+    """Run the vLLM model eagerly: no torch.compile and no CUDA graphs, so it
+    loads in seconds but decodes slower (the GPU tests use it; serve without)."""
     breaker_failures: int = Field(default=5, ge=1)
     """Failed batches within ``breaker_window_s`` that open a backend's circuit."""
     breaker_window_s: float = Field(default=30.0, gt=0)

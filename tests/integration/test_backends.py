@@ -1,6 +1,6 @@
 """Each backend against the real thing: llama.cpp with the wheel-shipped
 GGUF models, the openai backend against ``llama_cpp.server`` (a real
-OpenAI-compatible server, as vLLM's would be), vLLM where a GPU exists."""
+OpenAI-compatible server, as vLLM's would be). vLLM on a GPU: test_vllm.py."""
 
 from __future__ import annotations
 
@@ -137,18 +137,6 @@ async def test_openai_backend_unreachable_is_inf_502() -> None:
     with pytest.raises(BackendUnavailable, match="no OpenAI-compatible server"):
         await backend.load()
     await backend.close()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs laneway[gpu] and a GPU")
-async def test_vllm_backend_on_gpu() -> None:
-    backend = create_backend("vllm", "HuggingFaceTB/SmolLM2-135M-Instruct", BackendSettings())
-    await backend.load()
-    try:
-        outcomes = await backend.infer_batch([ask("Say hi."), ask("Name a colour.")])
-    finally:
-        await backend.close()
-    assert all(isinstance(o, Generation) and o.text for o in outcomes)
 
 
 async def test_vllm_backend_without_the_extra_is_a_clear_inf_502() -> None:

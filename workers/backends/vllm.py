@@ -1,22 +1,172 @@
 """In-process vLLM engine for GPUs (``pip install laneway[gpu]``).
 
-vLLM is imported only when this backend is chosen. A batch goes to the
-engine in one ``LLM.chat`` call, so vLLM's continuous batching does the work.
-CUDA and out-of-memory errors map to ``CUDA-ERR`` and ``MEM-ERR``.
+vLLM is imported only when this backend is chosen. The engine is vLLM's
+asynchronous one (``AsyncLLMEngine``, v1's ``AsyncLLM``), built on the
+event loop's own (main) thread. Every input of ``infer_batch`` becomes its
+own ``generate`` request the moment it arrives, and concurrent
+``infer_batch`` calls simply add more: vLLM's scheduler batches whatever is
+running, continuously, so a request never waits for another batch to end.
+
+A request's deadline bounds it: past it the request is aborted in the engine
+and answers ``INF-503``, as llama.cpp's do. CUDA and out-of-memory errors,
+also where vLLM wraps them in its own, map to ``CUDA-ERR`` and ``MEM-ERR``;
+an engine that died answers ``CUDA-ERR`` too, so that execution drops it and
+the probe after the breaker's cooldown loads a fresh one.
+
+The decisions are plain functions, tested without vLLM or a GPU
+(``tests/unit/workers/test_vllm.py``): ``model_source``, ``sampling_options``,
+``time_left``, ``last_before_deadline``, ``map_vllm_exception`` and
+``generation_from``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Sequence
-from typing import Any
+import contextlib
+import inspect
+import itertools
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path as FsPath
+from typing import Any, TypeVar
 
-from schemas.errors import BackendUnavailable
+from schemas.errors import (
+    BackendUnavailable,
+    CudaFailure,
+    DeadlineExceeded,
+    InvalidRequest,
+    LanewayError,
+    OutOfMemory,
+)
+from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
 from workers.backends.base import Generation, GenerationInput, Outcome, map_backend_exception
 
-__all__ = ["VLLMBackend"]
+__all__ = [
+    "VLLMBackend",
+    "generation_from",
+    "last_before_deadline",
+    "map_vllm_exception",
+    "model_source",
+    "sampling_options",
+    "time_left",
+]
+
+T = TypeVar("T")
+
+
+def model_source(model: str, model_dir: FsPath | None) -> str:
+    """What vLLM loads for ``model``: ``<model_dir>/<model>`` or ``model_dir``
+    itself, whichever is a Hugging Face model directory (has ``config.json``);
+    without ``model_dir``, ``model`` as it is (a local path or a Hub id)."""
+    if model_dir is None:
+        return model
+    candidates = (model_dir / model, model_dir)
+    for candidate in candidates:
+        if (candidate / "config.json").is_file():
+            return str(candidate)
+    raise BackendUnavailable(
+        f"no Hugging Face model directory (with config.json) for {model!r} at "
+        f"{' or '.join(str(c) for c in candidates)} (LANEWAY_BACKEND_VLLM_MODEL_DIR)"
+    )
+
+
+def sampling_options(item: GenerationInput, stops: Sequence[str] = ()) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` keywords for one request.
+
+    ``seed``: the request's own; else 0 when sampling (``temperature > 0``),
+    so the same request gives the same answer as on llama.cpp; none when
+    greedy, which has nothing to seed. ``stop``: ``stops`` (the prompt
+    style's) and the request's own, ``None`` when there are none.
+    """
+    seed = item.seed
+    if seed is None and item.temperature > 0:
+        seed = 0
+    stop = [*stops, *(item.stop or ())]
+    return {
+        "max_tokens": item.max_tokens,
+        "temperature": item.temperature,
+        "seed": seed,
+        "stop": stop or None,
+    }
+
+
+def time_left(deadline: float | None, now: float) -> float | None:
+    """Seconds from ``now`` to ``deadline`` (both ``time.monotonic()``), at
+    most 0 once it has passed; ``None`` without a deadline."""
+    return None if deadline is None else deadline - now
+
+
+async def last_before_deadline(
+    stream: AsyncGenerator[T, None],
+    deadline: float | None,
+    abort: Callable[[], Awaitable[object]],
+) -> T | DeadlineExceeded | None:
+    """The last item of ``stream``, or ``DeadlineExceeded`` once ``deadline``
+    passes first, after ``abort()`` (which frees the request's slot in the
+    engine at once). The stream is closed either way; errors it raises
+    propagate. ``None``: the stream ended without an item."""
+    timer = asyncio.timeout(time_left(deadline, time.monotonic()))
+    last: T | None = None
+    try:
+        async with timer:
+            async for item in stream:
+                last = item
+    except TimeoutError:
+        if not timer.expired():
+            raise  # a timeout of the engine's own, not the deadline
+        with contextlib.suppress(Exception):
+            await abort()
+        return DeadlineExceeded("generation was cut off at the request's deadline")
+    finally:
+        await stream.aclose()
+    return last
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, outermost first."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 10:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+
+
+def map_vllm_exception(exc: BaseException) -> LanewayError:
+    """``map_backend_exception`` over the whole cause chain: vLLM wraps the
+    error of a failed request (``EngineGenerateError`` from the CUDA error)
+    and says little in its own message. A dead engine (``EngineDeadError``)
+    is ``CudaFailure``: it must be dropped and loaded afresh, which is what
+    execution does for CUDA-ERR."""
+    chain = list(_chain(exc))
+    text = " <- ".join(f"{type(e).__name__}: {e}" for e in chain)[:1000]
+    for error in chain:
+        mapped = map_backend_exception(error)
+        if isinstance(mapped, OutOfMemory | CudaFailure):
+            return type(mapped)(text)
+    if any(type(e).__name__ == "EngineDeadError" for e in chain):
+        return CudaFailure(f"the vLLM engine died: {text}")
+    mapped = map_backend_exception(exc)
+    if isinstance(mapped, BackendUnavailable):
+        return BackendUnavailable(f"vLLM failed: {text}")
+    return mapped
+
+
+def generation_from(output: Any, *, strip: bool = False) -> Outcome:
+    """A finished vLLM ``RequestOutput`` as a ``Generation``, with its token
+    counts; an output the engine aborted (not at our deadline) is INF-502."""
+    completion = output.outputs[0]
+    if completion.finish_reason == "abort":
+        return BackendUnavailable("vLLM aborted the request")
+    text = completion.text.strip() if strip else completion.text
+    return Generation(
+        text=text,
+        prompt_tokens=len(output.prompt_token_ids or ()),
+        completion_tokens=len(completion.token_ids),
+    )
 
 
 class VLLMBackend:
@@ -25,51 +175,123 @@ class VLLMBackend:
     def __init__(self, model: str, settings: BackendSettings) -> None:
         self.model = model
         self._settings = settings
-        self._llm: Any = None
-        self._lock = threading.Lock()
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._vllm: dict[str, Any] = {}
+        self._transcript: Callable[[Sequence[ChatMessage]], str] | None = None
+        """A base model's prompt (no chat template): a Question/Answer transcript."""
+        self._stops: tuple[str, ...] = ()
+        self._max_model_len = 0
+        self._ids = itertools.count()
 
     async def load(self) -> None:
-        await asyncio.to_thread(self._load_sync)
-
-    def _load_sync(self) -> None:
+        """Build the engine here, on the event loop's (main) thread, as vLLM's
+        own API server does: the engine starts its output handler on the
+        running loop. The loop is blocked until the engine-core process has
+        loaded the model (seconds to minutes): a GPU worker's
+        ``LANEWAY_LOOP_STALL_S`` must outlast a cold load, or its /healthz
+        fails during it."""
+        if self._engine is not None:
+            return
         try:
-            from vllm import LLM
+            from vllm import AsyncEngineArgs, AsyncLLMEngine, SamplingParams
+            from vllm.inputs import tokens_input
+            from vllm.sampling_params import RequestOutputKind
         except ImportError as exc:
             raise BackendUnavailable(f"vllm is not installed (laneway[gpu]): {exc}") from exc
+        source = model_source(self.model, self._settings.vllm_model_dir)
+        args = AsyncEngineArgs(
+            model=source,
+            served_model_name=self.model,
+            max_model_len=self._settings.vllm_max_model_len,
+            gpu_memory_utilization=self._settings.vllm_gpu_memory_utilization,
+            enforce_eager=self._settings.vllm_enforce_eager,
+            disable_log_stats=True,
+        )
         try:
-            self._llm = LLM(
-                model=self.model,
-                gpu_memory_utilization=self._settings.vllm_gpu_memory_utilization,
-            )
+            engine = AsyncLLMEngine.from_engine_args(args)
         except Exception as exc:
-            raise map_backend_exception(exc) from exc
+            raise BackendUnavailable(
+                f"vLLM could not load {source}: {map_vllm_exception(exc).message}"
+            ) from exc
+        try:
+            tokenizer = engine.get_tokenizer()
+            if inspect.isawaitable(tokenizer):  # a coroutine in older vLLM releases
+                tokenizer = await tokenizer
+        except Exception as exc:
+            engine.shutdown()
+            raise BackendUnavailable(f"vLLM has no tokenizer for {source}: {exc}") from exc
+        self._engine, self._tokenizer = engine, tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            # As llama.cpp prompts base models (its module loads llama.cpp itself).
+            from workers.backends.llamacpp import TRANSCRIPT_STOPS, as_transcript
+
+            self._transcript, self._stops = as_transcript, TRANSCRIPT_STOPS
+        self._max_model_len = int(engine.model_config.max_model_len)
+        self._vllm = {
+            "SamplingParams": SamplingParams,
+            "tokens_input": tokens_input,
+            "FINAL_ONLY": RequestOutputKind.FINAL_ONLY,
+        }
+
+    def _prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The chat template's rendering of ``messages`` (a Question/Answer
+        transcript for a model without one), as token ids."""
+        if self._transcript is not None:
+            return list(self._tokenizer.encode(self._transcript(messages)))
+        text = self._tokenizer.apply_chat_template(
+            [m.model_dump() for m in messages], tokenize=False, add_generation_prompt=True
+        )
+        # The template writes the special tokens (BOS) itself.
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     async def infer_batch(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
-        if self._llm is None:
+        if self._engine is None:
             raise BackendUnavailable(f"vLLM model {self.model} is not loaded")
-        return await asyncio.to_thread(self._infer_sync, inputs)
+        return list(await asyncio.gather(*(self._one(item) for item in inputs)))
 
-    def _infer_sync(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
-        from vllm import SamplingParams
-
-        params = [
-            SamplingParams(max_tokens=i.max_tokens, temperature=i.temperature, seed=0)
-            for i in inputs
-        ]
-        conversations = [[m.model_dump() for m in i.messages] for i in inputs]
-        with self._lock:
-            outputs = self._llm.chat(conversations, params, use_tqdm=False)
-        return [
-            Generation(
-                text=out.outputs[0].text,
-                prompt_tokens=len(out.prompt_token_ids or ()),
-                completion_tokens=len(out.outputs[0].token_ids),
+    async def _one(self, item: GenerationInput) -> Outcome:
+        engine = self._engine
+        left = time_left(item.deadline, time.monotonic())
+        if left is not None and left <= 0:
+            return DeadlineExceeded(
+                f"deadline passed {-left * 1000:.0f} ms before generation started"
             )
-            for out in outputs
-        ]
+        try:
+            ids = self._prompt_ids(item.messages)
+        except Exception as exc:
+            return map_vllm_exception(exc)
+        if len(ids) >= self._max_model_len:
+            return InvalidRequest(
+                f"the prompt has {len(ids)} tokens; {self.model} takes fewer than "
+                f"{self._max_model_len} (LANEWAY_BACKEND_VLLM_MAX_MODEL_LEN)"
+            )
+        options = sampling_options(item, self._stops)
+        request_id = f"laneway-{next(self._ids)}"
+        try:
+            params = self._vllm["SamplingParams"](**options, output_kind=self._vllm["FINAL_ONLY"])
+            stream = engine.generate(self._vllm["tokens_input"](ids), params, request_id)
+            final = await last_before_deadline(
+                stream, item.deadline, lambda: engine.abort(request_id)
+            )
+        except Exception as exc:
+            return map_vllm_exception(exc)
+        if final is None:
+            return BackendUnavailable("vLLM ended the request without an output")
+        if isinstance(final, DeadlineExceeded):
+            return final
+        return generation_from(final, strip=self._transcript is not None)
 
     async def check_health(self) -> bool:
-        return self._llm is not None
+        if self._engine is None:
+            return False
+        try:
+            await self._engine.check_health()
+        except Exception:
+            return False
+        return True
 
     async def close(self) -> None:
-        self._llm = None
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
