@@ -452,9 +452,12 @@ class BatchSettings(BaseSettings):
     submit_rps: float = Field(default=20.0, gt=0)
     """Most batch requests a submitter produces per second; never more than
     half the tenant's rate limit, so its interactive traffic keeps the rest."""
-    max_inflight: int = Field(default=64, ge=0)
+    max_inflight: int = Field(default=24, ge=0)
     """Most requests of one job produced but not yet answered (0: no bound).
-    Keeps the bulk lane short, so a cancel stops nearly all unstarted work."""
+    Keeps the bulk lane short, so a cancel stops nearly all unstarted work,
+    and below the flow controller's first mark (``LANEWAY_FLOW_ENTER``, 32
+    waiting records), so a batch alone never raises the load level that
+    degrades or sheds interactive traffic."""
     window_s: int = Field(default=86_400, ge=1)
     """Completion window of a job (``--window``): what is not done by then
     ends ``INF-503`` and the job ``expired``."""

@@ -38,17 +38,20 @@ def can_move(current: BatchJobStatus, to: BatchJobStatus) -> bool:
 def due_status(job: BatchJob, now_ms: int) -> BatchJobStatus | None:
     """The status ``job`` should move to now, or ``None``.
 
-    A file's job is finished once every line was produced and answered; one
-    that Kafka producers alone wrote to has no end but its window: then it
-    is finished if nothing is pending, else expired."""
+    A file's job is finished once every line was produced and answered
+    within its window (the tracker settles a job at each result, so one
+    whose last answer came in time is completed in time); at the end of the
+    window it has expired, with what finished kept. A job that Kafka
+    producers alone wrote to has no end but its window: then it is finished
+    if nothing is pending, else expired."""
     counts = job.counts
     if job.status is S.FINALIZING:
         return S.COMPLETED
     if job.status is not S.IN_PROGRESS:
         return None
     answered = counts.done + counts.failed >= counts.total
+    if now_ms >= job.expires_at_ms:
+        return S.FINALIZING if job.source == "kafka" and answered else S.EXPIRED
     if job.source == "file" and counts.produced >= counts.total and answered:
         return S.FINALIZING
-    if now_ms >= job.expires_at_ms:
-        return S.FINALIZING if answered else S.EXPIRED
     return None

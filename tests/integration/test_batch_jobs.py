@@ -309,3 +309,34 @@ async def test_requests_any_producer_writes_with_a_batch_id_are_counted(
         assert time.monotonic() < give_up, job
         await asyncio.sleep(0.2)
     assert job.source == "kafka" and job.status is S.IN_PROGRESS  # until its window ends
+
+
+async def test_a_job_whose_window_passes_expires_keeping_what_finished(
+    settings: Settings, tmp_path: FsPath
+) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    rows = [line(f"e-{n}", RULE_PROMPTS[n]) for n in range(3)]
+    rows += [
+        {
+            "custom_id": f"e-{n}",
+            "body": {
+                "prompt": f"Write a long story about a kite, part {n}.",
+                "max_tokens": 64,
+                "metadata": {"cache": "bypass"},
+            },
+        }
+        for n in range(3, 40)
+    ]
+    data = write_jsonl(tmp_path / "in.jsonl", rows).read_bytes()
+    job = await submit_file(fast(settings, max_inflight=8), data, tenant=tenant, window_s=3)
+    assert job.counts.produced < 40  # production stopped with the window
+    final = await until_final(settings, job.id, timeout_s=60)
+    assert final.status is S.EXPIRED
+    assert final.counts.done >= 3  # the rule answers came at once
+    await asyncio.sleep(2)  # what was still on the lane ends with INF-503
+    await write_results(settings, job.id, tmp_path / "out.jsonl")
+    out = read_jsonl(tmp_path / "out.jsonl")
+    assert [r["custom_id"] for r in out] == [f"e-{n}" for n in range(40)]
+    assert all(r["error"] is None for r in out[:3])
+    codes = {r["error"]["code"] for r in out if r["error"]}
+    assert "batch_expired" in codes and codes <= {"batch_expired", "INF-503"}

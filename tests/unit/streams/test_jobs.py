@@ -172,6 +172,8 @@ def test_the_window_expires_a_job_with_pending_work() -> None:
     assert due_status(job(S.IN_PROGRESS, total=3, produced=3, done=1), 1000) is S.EXPIRED
     assert due_status(job(S.CANCELLED, total=3, produced=1, done=1), 5000) is None
     assert due_status(job(S.VALIDATING, total=3), 5000) is None
+    # every request answered, the last one after the window (an INF-503 at its end)
+    assert due_status(job(S.IN_PROGRESS, total=3, produced=3, done=1, failed=2), 1000) is S.EXPIRED
 
 
 def test_a_kafka_job_ends_with_its_window() -> None:
