@@ -2,16 +2,22 @@
 batching.
 
 The context holds ``max_sequences`` sequences (seq ids), each with a KV
-cache of its own: ``kv_unified=False``, with which this llama.cpp splits the
+cache of its own: with ``kv_unified=False`` this llama.cpp splits the
 context's cells evenly between the sequences, so the context is sized
-``n_ctx * max_sequences`` and every sequence gets ``n_ctx``. (A unified
-cache would let a sequence's logits depend on the cells its neighbours fill;
-llama.cpp then also computes a ubatch's sequences in runs of consecutive seq
-ids, so a sequence takes the lowest free seq id and the batch is laid out in
-seq id order.) One thread owns every llama.cpp call: it loads the model,
-tokenizes, and runs ONE ``llama_decode`` per step for all sequences in
-flight: a token of each generating sequence, and the prompt chunks of newly
-admitted ones in what is left of ``n_batch``.
+``n_ctx * max_sequences`` and every sequence gets ``n_ctx``. One thread owns
+every llama.cpp call: it loads the model, tokenizes, and runs ONE
+``llama_decode`` per step for all sequences in flight: a token of each
+generating sequence, and the prompt chunks of newly admitted ones in what is
+left of ``n_batch``.
+
+A greedy answer does not depend on what it was batched with. That took
+three choices, each measured here on SmolLM2 or Gemma-3: separate KV
+caches (in a unified one a sequence's logits moved with the cells its
+neighbours filled); weights loaded without llama.cpp's repacking (its Q4_K
+kernels compute rows 4 at a time, so a row's result depended on the step's
+size); and the batch laid out in runs of consecutive seq ids, lowest free id
+first (llama.cpp splits a step into one ubatch per run: out of order, a
+batch of 8 decoded no faster than one at a time).
 
 Callers ``submit`` sequences from any thread and get a future per sequence.
 Between steps the thread admits waiting sequences, oldest first, while a
@@ -168,6 +174,7 @@ class BatchDecoder:
         self.peak_sequences = 0
         """Most sequences that were ever decoded together (for tests and the bench)."""
         self._llama: Any = None
+        self._model: Any = None
         self._ctx: Any = None
         self._mem: Any = None
         self._vocab: Any = None
@@ -234,17 +241,19 @@ class BatchDecoder:
             self._free()
 
     def _open(self) -> None:
-        # The high-level Llama reads the GGUF (weights, vocab, metadata); its
-        # own context is kept minimal: decoding runs on the context below.
-        self._llama = Llama(
-            model_path=self.model_path,
-            n_ctx=256,
-            n_batch=32,
-            n_ubatch=32,
-            n_threads=self._n_threads,
-            verbose=False,
-        )
-        model = self._llama.model
+        # The high-level Llama, vocabulary only, tokenizes and reads the
+        # metadata; the weights are loaded here, without repacking (above).
+        with suppress_stdout_stderr(disable=False):  # llama.cpp's load report
+            self._llama = Llama(model_path=self.model_path, vocab_only=True, verbose=False)
+            model_params = llama_cpp.llama_model_default_params()
+            model_params.n_gpu_layers = 0
+            model_params.use_extra_bufts = False
+            self._model = llama_cpp.llama_model_load_from_file(
+                self.model_path.encode(), model_params
+            )
+        if not self._model:
+            raise BackendUnavailable(f"llama.cpp could not load {self.model_path}")
+        model = self._model
         self.metadata = dict(self._llama.metadata)
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -274,6 +283,9 @@ class BatchDecoder:
         if self._ctx is not None:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+        if self._model is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
         if self._llama is not None:
             self._llama.close()
             self._llama = None

@@ -1,0 +1,135 @@
+"""The llama.cpp backend decoding batches together, with the wheel-shipped
+models: the same greedy answers as one at a time, requests joining a running
+decode, deadlines per sequence."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from schemas.errors import BackendUnavailable, DeadlineExceeded
+from schemas.messages import ChatMessage
+from schemas.settings import BackendSettings
+from streams.tools.bench import HARD_PROMPTS, SIMPLE_PROMPTS
+from workers.backends.base import Generation, GenerationInput, Outcome
+from workers.backends.llamacpp import LlamaCppBackend
+
+PROMPTS = [*SIMPLE_PROMPTS, *HARD_PROMPTS, "Say hi."]
+SYSTEM = ChatMessage(role="system", content=BackendSettings().system_prompt)
+
+
+def ask(
+    text: str, max_tokens: int = 24, timeout_s: float | None = None, **fields: object
+) -> GenerationInput:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    messages = [SYSTEM, ChatMessage(role="user", content=text)]
+    return GenerationInput(messages, max_tokens, 0.0, deadline=deadline, **fields)  # type: ignore[arg-type]
+
+
+def generation(outcome: Outcome) -> Generation:
+    assert isinstance(outcome, Generation), outcome
+    return outcome
+
+
+@pytest.fixture(params=["smollm2-135m", "gemma3-270m"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[LlamaCppBackend]:
+    engine = LlamaCppBackend(request.param, BackendSettings())
+    await engine.load()
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture
+async def smollm2() -> AsyncIterator[LlamaCppBackend]:
+    engine = LlamaCppBackend("smollm2-135m", BackendSettings())
+    await engine.load()
+    yield engine
+    await engine.close()
+
+
+async def test_a_batch_decoded_together_answers_as_one_at_a_time(
+    backend: LlamaCppBackend,
+) -> None:
+    assert len(PROMPTS) == 8
+    together = await backend.infer_batch([ask(p) for p in PROMPTS])
+    alone = [(await backend.infer_batch([ask(p)]))[0] for p in PROMPTS]
+    assert [generation(o) for o in together] == [generation(o) for o in alone]
+    assert all(0 < o.completion_tokens <= 24 for o in alone)  # type: ignore[union-attr]
+    assert len({o.text for o in alone}) >= 7  # type: ignore[union-attr]
+
+
+async def test_a_request_joins_a_running_batch_and_a_short_one_finishes_first(
+    smollm2: LlamaCppBackend,
+) -> None:
+    long_batch = asyncio.create_task(
+        smollm2.infer_batch([ask(p, max_tokens=150) for p in HARD_PROMPTS])
+    )
+    await asyncio.sleep(1.0)  # the long batch is decoding
+    assert not long_batch.done()
+    joined_at = time.monotonic()
+    (short,) = await smollm2.infer_batch([ask("Name a colour.", max_tokens=4)])
+    short_s = time.monotonic() - joined_at
+    assert generation(short).completion_tokens <= 4
+    assert not long_batch.done(), "the short request waited for the long batch"
+    long = await long_batch
+    long_s = time.monotonic() - joined_at
+    assert all(generation(o).completion_tokens > 4 for o in long)
+    assert short_s < long_s / 3
+
+
+async def test_deadlines_cut_each_sequence_on_its_own(smollm2: LlamaCppBackend) -> None:
+    outcomes = await smollm2.infer_batch(
+        [
+            ask("Write a long story about the sea.", 300, timeout_s=0.5),
+            ask("Write a long story about the sea.", 30),
+            ask("Write a long story about a cat.", 300, timeout_s=1.0),
+            ask("Name a fruit.", 8, timeout_s=60),
+        ]
+    )
+    cut_early, done, cut_later, quick = outcomes
+    assert isinstance(cut_early, DeadlineExceeded) and "cut off" in cut_early.message
+    assert isinstance(cut_later, DeadlineExceeded) and "cut off" in cut_later.message
+    assert generation(done).completion_tokens == 30
+    assert generation(quick).completion_tokens <= 8
+
+
+async def test_stop_strings_and_usage_through_the_backend(smollm2: LlamaCppBackend) -> None:
+    (full,) = await smollm2.infer_batch([ask("Tell me a story about a dog.", 24)])
+    words = generation(full).text.split()
+    cut = words[2]
+    stopped, other = await smollm2.infer_batch(
+        [ask("Tell me a story about a dog.", 24, stop=[cut]), ask("Name a fruit.", 24)]
+    )
+    assert generation(stopped).text == full.text[: full.text.index(cut)]  # type: ignore[union-attr]
+    assert generation(stopped).prompt_tokens == generation(full).prompt_tokens
+    assert generation(stopped).completion_tokens < generation(full).completion_tokens
+    assert generation(other).text
+
+
+async def test_gemma_keeps_its_transcript_style() -> None:
+    backend = LlamaCppBackend("gemma3-270m", BackendSettings())
+    await backend.load()
+    try:
+        (answer,) = await backend.infer_batch([ask("What is the capital of France?", 16)])
+    finally:
+        await backend.close()
+    text = generation(answer).text
+    assert "Paris" in text and text == text.strip() and "Question:" not in text
+
+
+async def test_close_answers_what_is_in_flight_and_health_follows() -> None:
+    backend = LlamaCppBackend("smollm2-135m", BackendSettings())
+    assert not await backend.check_health()
+    await backend.load()
+    assert await backend.check_health()
+    running = asyncio.create_task(backend.infer_batch([ask("Write a long story.", 400)]))
+    await asyncio.sleep(0.5)
+    await backend.close()
+    (outcome,) = await asyncio.wait_for(running, 10)
+    assert isinstance(outcome, BackendUnavailable)
+    assert not await backend.check_health()
+    with pytest.raises(BackendUnavailable):
+        await backend.infer_batch([ask("Hi")])
