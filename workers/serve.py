@@ -57,8 +57,11 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         cache=cache,
         workers=workers,
     )
-    beats = asyncio.create_task(heartbeat(state))
+    # Beats start once the models are loaded: vLLM builds its engine on the
+    # event loop's thread, and until the first beat /healthz counts the
+    # process as starting, not stalled.
     await worker.start()
+    beats = asyncio.create_task(heartbeat(state))
     loop = asyncio.get_running_loop()
     runner = asyncio.ensure_future(worker.run())
 
