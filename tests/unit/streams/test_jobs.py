@@ -204,3 +204,29 @@ def test_the_bar_shows_done_failed_pending_rate_and_eta() -> None:
     line = format_bar(job(S.IN_PROGRESS, total=20, produced=15, done=8, failed=2), 5.0)
     assert "10/20 done 8 failed 2 pending 10" in line and "5.0/s" in line and "ETA 2s" in line
     assert line.startswith("[" + "#" * 12 + "x" * 3 + "-" * 15 + "]")
+
+
+def test_the_tracker_reads_only_records_that_name_a_batch() -> None:
+    from types import SimpleNamespace
+
+    from streams.jobs.tracker import parse_records
+
+    def rec(topic: str, value: bytes) -> SimpleNamespace:
+        return SimpleNamespace(topic=topic, value=value)
+
+    ok = InferenceResult(id="r1", status="ok", output="hi", batch_id="b1").model_dump_json()
+    failed = InferenceResult(id="r2", status="error", batch_id="b1").model_dump_json()
+    plain = InferenceResult(id="r3", status="ok", output="hi").model_dump_json()
+    records = [
+        rec("p.results", ok.encode()),
+        rec("p.results", failed.encode()),
+        rec("p.results", plain.encode()),
+        rec("p.results", b"not json"),
+        rec("p.requests", b'{"id": "q1", "prompt": "x", "batch_id": "native"}'),
+        rec("p.requests", b'{"id": "q2", "prompt": "x", "batch_id": null}'),
+        rec("p.requests", b'{"id": 3, "batch_id": "native"}'),
+    ]
+    results, requests = parse_records(records, "p.results")  # type: ignore[arg-type]
+    assert [(j, r, good) for j, r, _, good in results] == [("b1", "r1", True), ("b1", "r2", False)]
+    assert results[0][2] == ok
+    assert requests == [("native", "q1")]
