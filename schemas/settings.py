@@ -20,6 +20,7 @@ __all__ = [
     "BackendSettings",
     "BatchSettings",
     "CacheSettings",
+    "ClassifierSettings",
     "DriftSettings",
     "FlowSettings",
     "KafkaSettings",
@@ -302,6 +303,19 @@ class RoutingSettings(BaseSettings):
     router (a single-path baseline; ``laneway bench`` compares against it)."""
 
 
+class ClassifierSettings(BaseSettings):
+    """How the classifier takes its records (``streams.classify.batch``)."""
+
+    model_config = _config("LANEWAY_CLASSIFIER_")
+
+    batch_max: int = Field(default=256, ge=1, le=10_000)
+    """Most request records classified together: one Redis round trip, one
+    embedding call and one gathered produce per batch."""
+    batch_wait_ms: int = Field(default=5, ge=1, le=1_000)
+    """Longest the classifier waits for a batch to fill before it works on
+    what it has: the latency a lone request pays for batching."""
+
+
 class CacheSettings(BaseSettings):
     """The response cache the classifier checks first (``streams.cache.response``)."""
 
@@ -498,6 +512,7 @@ class Settings(BaseSettings):
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+    classifier: ClassifierSettings = Field(default_factory=ClassifierSettings)
     rules: RulesSettings = Field(default_factory=RulesSettings)
     session: SessionSettings = Field(default_factory=SessionSettings)
     drift: DriftSettings = Field(default_factory=DriftSettings)

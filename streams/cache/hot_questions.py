@@ -167,13 +167,14 @@ class HotQuestions:
     def pending(self) -> int:
         return len(self._pending)
 
-    def note(self, request: InferenceRequest, context: str) -> None:
-        """Count ``request`` if the cache could ever answer it. No I/O."""
+    def note(self, request: InferenceRequest, context: str, key: str | None = None) -> None:
+        """Count ``request`` if the cache could ever answer it. No I/O.
+        ``key``: its exact cache key without context, when the caller has it."""
         if not self._settings.track or context or request.temperature != 0:
             return
         if cache_control(request) != (True, True):  # bypass, or no-store: kept out
             return
-        key = cache_key(request, self._cache)
+        key = key or cache_key(request, self._cache)
         seen = self._pending.get(key)
         if seen is not None:
             seen[0] += 1

@@ -23,6 +23,10 @@ Redis layout (``P`` = the process's key prefix)::
     P:cache:index     sorted set of <key> scored by the Redis time (ms) of
                       its last store; trimmed to max_entries, the trimmed
                       entries deleted with it so Redis stays bounded too
+    P:cache:version   counter, incremented by every store: the batch
+                      classifier reads it in its round trip and syncs its
+                      index before a semantic lookup when it moved, so a
+                      paraphrase asked right after a store already hits
 
 Any process may store. Processes with an embedder (the classifier) keep an
 in-memory index and ``sync()`` it from the sorted set, embedding entries that
@@ -38,6 +42,7 @@ import asyncio
 import base64
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -62,6 +67,7 @@ from streams.cache.keys import (
 )
 from streams.cache.semantic_index import SemanticIndex
 from streams.stores.failopen import FailOpen
+from streams.stores.rounds import Round
 
 __all__ = [
     "EVICTIONS",
@@ -70,6 +76,7 @@ __all__ = [
     "SIMILARITY",
     "STORES",
     "CacheHit",
+    "Probe",
     "ResponseCache",
     "SemanticIndex",
     "cache_control",
@@ -105,6 +112,30 @@ SIMILARITY = Histogram(
 )
 
 
+@dataclass(slots=True)
+class Probe:
+    """What the cache compares one request by (``ResponseCache.probe``)."""
+
+    key: str
+    """The exact-match key."""
+    scope: str
+    text: str
+    """The normalised text."""
+    request: InferenceRequest
+    _ents: frozenset[str] | None = None
+
+    @property
+    def ents(self) -> frozenset[str]:
+        """The request's entities, found when first asked: only the semantic
+        lookup needs them, and most requests are answered before it."""
+        if self._ents is None:
+            self._ents = request_entities(self.request)
+        return self._ents
+
+
+_HIT_FIELDS = ["output", "model", "path"]
+
+
 @dataclass(frozen=True, slots=True)
 class CacheHit:
     output: str
@@ -123,7 +154,8 @@ class CacheHit:
         return f"cache:{self.kind}:{self.model or '-'}"
 
 
-# KEYS: entry, index. ARGV: ttl_s, max_entries, entry key prefix, member, field/value pairs.
+# KEYS: entry, index, version. ARGV: ttl_s, max_entries, entry key prefix,
+# member, field/value pairs.
 # One script so the entry, its TTL and its index slot appear together, scored
 # by Redis's clock (processes with skewed clocks agree on "newest"). The
 # trimmed entries it deletes are not declared in KEYS: fine on one Redis or
@@ -134,6 +166,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'created_ms', now, unpack(ARGV, 5))
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
 redis.call('ZADD', KEYS[2], now, ARGV[4])
+redis.call('INCR', KEYS[3])
 local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[2])
 if excess > 0 then
   for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, excess - 1)) do
@@ -154,6 +187,17 @@ end
 return 0
 """
 
+# KEYS: entries. Returns {output, model, path} per entry, in order: the
+# entries a whole batch asks about, in one command (a pipeline of one HMGET
+# per entry costs the client a reply to parse per entry and more).
+_FETCH = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('HMGET', key, 'output', 'model', 'path')
+end
+return out
+"""
+
 _SYNC_OVERLAP_MS = 5_000
 """An incremental sync rereads this much before the newest score it saw, so an
 entry scored a moment earlier but written just after the last sync is not lost."""
@@ -170,6 +214,25 @@ def _text(value: Any) -> str | None:
 
 def _encode_vector(vector: np.ndarray) -> str:
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+
+
+def _hit_of(
+    row: Any, kind: Literal["exact", "semantic"], similarity: float, key: str
+) -> CacheHit | None:
+    """A hit from an entry's ``output, model, path`` (``None`` when absent
+    or not a model path's answer)."""
+    output, model, path = row
+    text, path_name = _text(output), _text(path)
+    if not text or path_name not in {p.value for p in MODEL_PATHS}:
+        return None
+    return CacheHit(
+        output=text,
+        kind=kind,
+        similarity=similarity,
+        model=_text(model) or None,
+        path=Path(path_name),
+        key=key,
+    )
 
 
 def _decode_vector(value: Any, dim: int) -> np.ndarray | None:
@@ -206,12 +269,16 @@ class ResponseCache:
         self._settings = settings
         self._entry_prefix = f"{key_prefix}:cache:e:"
         self._index_key = f"{key_prefix}:cache:index"
+        self._version_key = f"{key_prefix}:cache:version"
+        self._seen_version: Any = None
+        """The version counter as it read before the last successful sync."""
         self._embedder = embedder if settings.semantic else None
         self._index = (
             SemanticIndex(self._embedder.dim, settings.max_entries) if self._embedder else None
         )
         self._store_script = redis.register_script(_STORE)
         self._vector_script = redis.register_script(_SET_VECTOR)
+        self._fetch_script = redis.register_script(_FETCH)
         self._failopen = FailOpen("response cache", log=log, label="cache")
         self._synced_to_ms: int | None = None
         self._sync_lock = asyncio.Lock()
@@ -279,20 +346,140 @@ class ResponseCache:
     async def _fetch(
         self, key: str, kind: Literal["exact", "semantic"], similarity: float
     ) -> CacheHit | None:
-        output, model, path = await self._redis.hmget(
-            self.entry_key(key), ["output", "model", "path"]
-        )
-        text, path_name = _text(output), _text(path)
-        if not text or path_name not in {p.value for p in MODEL_PATHS}:
+        row = await self._redis.hmget(self.entry_key(key), _HIT_FIELDS)
+        return _hit_of(row, kind, similarity, key)
+
+    # -- batched lookup (the batch classifier) -------------------------------
+    #
+    # ``probe`` each request, queue the exact reads (and the version) into
+    # the batch's round trip, judge them with ``exact_from``; the requests no
+    # exact entry and no rule answered go to ``semantic_many`` together: one
+    # embedding call, one round trip for the candidates' entries. ``count``
+    # records each request's outcome once, as ``lookup`` does.
+
+    @property
+    def semantic(self) -> bool:
+        """Whether this cache answers paraphrases (it has an embedder and an index)."""
+        return self._index is not None and self._embedder is not None
+
+    def probe(self, request: InferenceRequest, context: str = "") -> Probe | None:
+        """What the request is looked up by, or ``None`` when the cache may
+        not answer it (disabled, bypassed, sampled; counted as ``bypass``)."""
+        if not self._settings.enabled:
             return None
-        return CacheHit(
-            output=text,
-            kind=kind,
-            similarity=similarity,
-            model=_text(model) or None,
-            path=Path(path_name),
-            key=key,
-        )
+        read, _ = cache_control(request)
+        if not read or request.temperature != 0:
+            LOOKUPS.labels("bypass").inc()
+            return None
+        text = normalise_prompt(request)
+        scope = cache_scope(request, self._settings, context)
+        return Probe(key_of(scope, text), scope, text, request)
+
+    def resting(self) -> bool:
+        return self._failopen.resting()
+
+    def queue_exact(self, round_: Round, keys: Sequence[str]) -> int:
+        """Queue the read of the entries ``keys`` (exact keys) as one command."""
+        return round_.script(self._fetch_script, [self.entry_key(k) for k in keys], [])
+
+    def queue_version(self, round_: Round) -> int | None:
+        """Queue the read of the version counter (only with a semantic index)."""
+        return round_.add("get", self._version_key) if self.semantic else None
+
+    def exact_from(self, reply: Any, keys: Sequence[str]) -> dict[str, CacheHit]:
+        """The exact hits among ``keys`` from the reply of ``queue_exact``."""
+        if isinstance(reply, BaseException):
+            self.failed("lookup", reply)
+            return {}
+        self._failopen.answered()
+        hits = {}
+        for key, row in zip(keys, reply, strict=True):
+            try:
+                hit = _hit_of(row, "exact", 1.0, key)
+            except Exception:
+                log.exception("cache entry %s unreadable; answering without it", key)
+                continue
+            if hit is not None:
+                hits[key] = hit
+        return hits
+
+    def failed(self, op: str, exc: BaseException) -> None:
+        if isinstance(exc, RedisError | OSError):
+            self._failopen.failed(op, exc)
+        else:
+            log.error("cache %s failed: %s: %s", op, type(exc).__name__, exc)
+
+    @staticmethod
+    def count(result: Literal["exact", "semantic", "miss", "error"]) -> None:
+        LOOKUPS.labels(result).inc()
+
+    async def sync_if_moved(self, version: Any) -> bool:
+        """Sync the index now if the version read in this batch's round trip
+        differs from the one the last sync started from: an entry stored since
+        is then found by this batch's semantic lookups, not a second later.
+        Returns whether it synced."""
+        if not self.semantic or isinstance(version, BaseException):
+            return False
+        if version == self._seen_version:
+            return False
+        await self.sync(version=version)
+        return True
+
+    async def semantic_many(self, probes: list[Probe]) -> list[CacheHit | None]:
+        """The nearest cached answer for each probe at or above ``threshold``:
+        one embedding call for every probe that has candidates at all, one
+        round trip for the candidates' entries. Never raises (misses instead)."""
+        out: list[CacheHit | None] = [None] * len(probes)
+        index, embedder = self._index, self._embedder
+        if index is None or embedder is None or not probes or self._failopen.resting():
+            return out
+        wanted = [i for i, p in enumerate(probes) if index.has_candidates(p.scope, p.ents)]
+        if not wanted:
+            return out
+        texts = list(dict.fromkeys(probes[i].text for i in wanted))  # each text once
+        try:
+            vectors = await asyncio.to_thread(embedder.embed, texts)
+        except Exception:
+            log.exception("embedding failed; going on without a vector")
+            return out
+        by_text = dict(zip(texts, vectors, strict=True))
+        threshold = self._settings.threshold
+        queued: list[tuple[int, str, float]] = []
+        for i in wanted:
+            probe = probes[i]
+            candidates = index.nearest(by_text[probe.text], probe.scope, probe.ents)
+            if candidates:
+                SIMILARITY.observe(candidates[0][1])
+            for key, similarity in candidates:
+                if similarity < threshold:
+                    break
+                queued.append((i, key, similarity))
+        if not queued:
+            return out
+        keys = list(dict.fromkeys(key for _, key, _ in queued))
+        round_ = Round(self._redis)
+        at = self.queue_exact(round_, keys)
+        try:
+            reply = (await round_.run())[at]
+        except (RedisError, OSError) as exc:
+            reply = exc
+        except Exception:
+            log.exception("semantic lookups failed; answering without the cache")
+            return out
+        if isinstance(reply, BaseException):
+            self.failed("lookup", reply)
+            return out
+        self._failopen.answered()
+        rows = dict(zip(keys, reply, strict=True))
+        for i, key, similarity in queued:
+            if out[i] is not None:
+                continue
+            hit = _hit_of(rows[key], "semantic", similarity, key)
+            if hit is None:
+                index.remove(key)  # expired or trimmed: not served
+                INDEX_SIZE.set(len(index))
+            out[i] = hit
+        return out
 
     # -- evict -------------------------------------------------------------
 
@@ -372,7 +559,7 @@ class ResponseCache:
         if vector is not None:
             fields += ["vec", _encode_vector(vector)]
         now_ms = await self._store_script(
-            keys=[self.entry_key(key), self._index_key],
+            keys=[self.entry_key(key), self._index_key, self._version_key],
             args=[
                 self._settings.ttl_s,
                 self._settings.max_entries,
@@ -400,17 +587,21 @@ class ResponseCache:
 
     # -- sync --------------------------------------------------------------
 
-    async def sync(self) -> int:
+    async def sync(self, *, version: Any = None) -> int:
         """Bring the semantic index up to date with Redis; returns the entries
         added. The first call rebuilds it whole (the index survives a restart);
-        later calls read what was stored since. Never raises."""
+        later calls read what was stored since. ``version``: the version
+        counter as read before this call (see ``sync_if_moved``). Never raises."""
         if self._index is None or self._embedder is None or not self._settings.enabled:
             return 0
         if self._failopen.resting():
             return 0
         async with self._sync_lock:
             try:
+                if version is None:
+                    version = await self._redis.get(self._version_key)
                 added = await self._sync(self._index, self._embedder)
+                self._seen_version = version
             except (RedisError, OSError) as exc:
                 self._failopen.failed("sync", exc)
                 return 0

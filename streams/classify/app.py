@@ -1,107 +1,80 @@
 """The faust application and its classifier agent.
 
-The agent is thin: it turns each event into a ``SourceRecord``, calls the
-pure ``admit``, then asks Redis what the request needs — the tenant's rate
-limit, the session's history, the response cache, a rule's lookup — and
-hands what it found to the pure ``route``. It produces what ``route``
-returns and waits for the broker's acknowledgement before the event is
-acked (at-least-once). Timers keep the flow controller's load level, the
-route statistics, the rule file, the semantic cache index and the drift
-monitor current.
+The agent is thin: it takes the request records in batches
+(``LANEWAY_CLASSIFIER_BATCH_MAX`` records, or what came within
+``LANEWAY_CLASSIFIER_BATCH_WAIT_MS``), turns them into ``SourceRecord`` s
+and hands them to ``streams.classify.batch.BatchClassifier``, which admits,
+looks up (one pipelined Redis round trip per batch, one embedding call) and
+routes them. Everything a wave of the batch produced is sent at once and
+every acknowledgement gathered (``deliver``) before the next wave; only once
+the whole batch is acknowledged are its events acked, so no offset is
+committed before its outputs are on the broker (at-least-once).
+
+``noack_take``, not ``take_events``: ``take_events`` acks a batch in a
+``finally`` of its generator, which also runs when the agent stops in the
+middle of the batch, so an offset could be committed whose outputs were
+never produced. Here nothing is acked but what this code acks.
 Concurrency stays 1 per agent: with more, faust can commit past a message
-still in flight (faust #606); scale by partitions instead.
+still in flight (faust #606); scale by partitions instead. Timers keep the
+flow controller's load level, the route statistics, the rule file, the
+semantic cache index and the drift monitor current.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, cast
 
 import faust
 
-from schemas.errors import BackendUnavailable
-from schemas.messages import ChatMessage, Lane, QualityEvent
+from schemas.messages import Lane, QualityEvent
 from schemas.settings import Settings
-from streams.cache.embedding import MiniLMEmbedder
-from streams.cache.hot_questions import HotQuestions
-from streams.cache.response import ResponseCache
-from streams.classify.classifier import (
-    Admitted,
-    Classified,
-    SourceRecord,
-    admit,
-    refuse_over_limit,
-    route,
-)
+from streams.classify.batch import BatchClassifier, BatchLookups
+from streams.classify.classifier import Classified, SourceRecord
 from streams.classify.drift import DriftMonitor
 from streams.classify.flow import FlowController
-from streams.classify.policy import Decision, Found
+from streams.classify.policy import Decision
 from streams.classify.registry import load_registry
 from streams.classify.router import RouteBoard, SmartRouter
-from streams.kafka.envelopes import Outbound, deliver, dlq_for
+from streams.kafka.envelopes import Outbound, Send, deliver
 from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
 from streams.rules.rulefile import RuleSource
 from streams.stores.backlog import BacklogBoard, LatencyBoard
-from streams.stores.ratelimit import RateLimiter
-from streams.stores.sessions import SessionStore, context_digest
 
-__all__ = ["Lookups", "build_app"]
+__all__ = ["build_app", "source_record"]
 
 log = logging.getLogger(__name__)
 
 
-class Lookups:
-    """Everything the classifier asks Redis about one accepted request."""
+def source_record(event: Any) -> SourceRecord:
+    """A faust event as the classifier reads it."""
+    message = event.message
+    return SourceRecord(
+        value=event.value,
+        key=event.key,
+        timestamp_ms=int(message.timestamp * 1000),
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+    )
 
-    def __init__(self, settings: Settings, redis: Any, rules: RuleSource) -> None:
-        self.settings = settings
-        self.redis = redis
-        self.rules = rules
-        self.limiter = RateLimiter(redis, settings.ratelimit, settings.redis.key_prefix)
-        self.sessions = SessionStore(redis, settings.session, key_prefix=settings.redis.key_prefix)
-        self.semantic = settings.cache_in_use and settings.cache.semantic
-        embedder = MiniLMEmbedder() if self.semantic else None
-        self.cache = ResponseCache(
-            redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=embedder
+
+def producer_sender(app: faust.App) -> Send:
+    """``send`` for ``deliver`` straight to faust's producer: the agent's
+    hot path produces thousands of records a second, and ``app.send`` builds
+    a topic object and a future message for each. The returned awaitable
+    resolves on the broker's ack (acks=all)."""
+
+    async def send(record: Outbound) -> Awaitable[object]:
+        producer = await app.maybe_start_producer()
+        return await producer.send(
+            record.topic, record.key, record.value, None, None, list(record.headers) or None
         )
-        self.hot = HotQuestions(
-            redis, settings.prewarm, settings.cache, key_prefix=settings.redis.key_prefix
-        )
 
-    async def find(self, admitted: Admitted) -> tuple[Found, list[ChatMessage]]:
-        """What cache, rules and the session say about the request."""
-        request, settings = admitted.request, self.settings
-        history = await self.sessions.history(request.session_id)
-        if settings.routing.force_path is not None:
-            return Found(history_turns=len(history)), history
-        book = self.rules.book
-        text = request.user_text()
-        classified = book.classify(text)
-        hit = None
-        if settings.cache_in_use:
-            context = context_digest(history)
-            self.hot.note(request, context)
-            hit = await self.cache.lookup(request, context)
-        rule = None
-        if hit is None and settings.routing.rules_enabled:
-            match = book.match(text, classified=classified)
-            if match is not None:
-                rule = await book.resolve(match, self.redis, settings.redis.key_prefix)
-        found = Found(hit=hit, rule=rule, intent=classified[0], history_turns=len(history))
-        return found, history
-
-    async def remember(self, classified: Classified) -> None:
-        """A conversation's turn answered here (cache or rules) joins its
-        session history, as the workers' answers do."""
-        request, result = classified.request, classified.result
-        if request is None or result is None or not request.session_id:
-            return
-        if result.status == "ok" and result.output:
-            await self.sessions.append(
-                request.session_id, request.id, request.user_text(), result.output
-            )
+    return send
 
 
 def build_app(
@@ -109,7 +82,7 @@ def build_app(
 ) -> faust.App:
     redis = settings.redis.client()
     rules = rules or RuleSource.from_settings(settings.rules)
-    lookups = Lookups(settings, redis, rules)
+    lookups = BatchLookups(settings, redis, rules)
     router = SmartRouter(
         load_registry(settings.routing.models_file, settings.backend), settings.routing
     )
@@ -121,57 +94,35 @@ def build_app(
         settings.flow.p95_enter_ms, settings.flow.p95_exit_ms, settings.flow.hold_s
     )
     drift = DriftMonitor(settings.drift)
+    batches = BatchClassifier(
+        settings,
+        lookups,
+        router,
+        stats=lambda: routes.snapshot,
+        level=lambda: max(flow.level, slow.level),
+        drift=drift,
+    )
     app = new_app(settings, settings.app_id)
     requests = raw_topic(app, settings.topic("requests"))
 
     send = raw_sender(app)
-
-    async def classify_one(record: SourceRecord) -> Classified:
-        now_ms = int(time.time() * 1000)
-        admitted = admit(record, now_ms=now_ms, settings=settings)
-        if isinstance(admitted, Classified):
-            return admitted
-        verdict = await lookups.limiter.check(admitted.request.tenant)
-        if not verdict.allowed:
-            return refuse_over_limit(
-                admitted, verdict.retry_after_ms, now_ms=now_ms, settings=settings
-            )
-        found, history = await lookups.find(admitted)
-        classified = route(
-            admitted,
-            found,
-            now_ms=int(time.time() * 1000),
-            settings=settings,
-            router=router,
-            stats=routes.snapshot,
-            level=max(flow.level, slow.level),
-            history=history,
-        )
-        if classified.decision is not None and classified.decision.features is not None:
-            drift.observe(classified.decision.features.as_dict())
-        return classified
+    produce = producer_sender(app)
+    take = settings.classifier
 
     @app.agent(requests, concurrency=1)
     async def classify(stream: faust.StreamT) -> None:
-        async for event in stream.events():
-            message = event.message
-            record = SourceRecord(
-                value=event.value,
-                key=event.key,
-                timestamp_ms=int(message.timestamp * 1000),
-                topic=message.topic,
-                partition=message.partition,
-                offset=message.offset,
-            )
-            try:
-                classified = await classify_one(record)
-            except Exception as exc:  # a bug must not stall the partition
-                log.exception("classifier failed on %s:%s", record.topic, record.offset)
-                error = BackendUnavailable(f"classifier error: {type(exc).__name__}: {exc}")
-                classified = Classified("rejected", [dlq_for(record, error, settings)])
-            await deliver(classified.records, send, settings)
-            await lookups.remember(classified)
-            _observe(classified)
+        within = take.batch_wait_ms / 1000
+        taking = cast(faust.Stream, stream).noack_take(take.batch_max, within=within)
+        async for events in taking:
+            records = [source_record(event) for event in events]
+            async for wave in batches.classify_waves(records):
+                outcomes = [classified for _, classified in wave]
+                await deliver([r for c in outcomes for r in c.records], produce, settings)
+                await lookups.remember(outcomes)
+                for classified in outcomes:
+                    _observe(classified)
+            for event in events:  # every output of the batch is acknowledged
+                await stream.ack(event)
 
     @app.timer(settings.flow.interval_s)
     async def watch_load() -> None:
@@ -234,7 +185,9 @@ def build_app(
                 ts_ms=now_ms,
                 drift=drifted,
             )
-            out = Outbound(settings.topic("quality"), b"drift", event.model_dump_json().encode())
+            out = Outbound(
+                settings.topic("quality"), event.id.encode(), event.model_dump_json().encode()
+            )
             await deliver([out], send, settings)
 
     @app.timer(1.0)

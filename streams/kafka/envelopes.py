@@ -127,6 +127,10 @@ Send = Callable[[Outbound], Awaitable[Awaitable[object]]]
 async def deliver(records: Sequence[Outbound], send: Send, settings: Settings) -> None:
     """Produce ``records`` and wait for every acknowledgement.
 
+    Every produce is started first, in order (records of one partition keep
+    their order), and only then are the acknowledgements awaited together: a
+    batch of records costs one wait for the broker, not one per record.
+
     A record a client's reply topic refuses (a name the cluster rejects, a
     topic that does not exist where auto-creation is off) goes to the DLQ
     with the reason, so one bad address never blocks a partition. Records
@@ -136,7 +140,7 @@ async def deliver(records: Sequence[Outbound], send: Send, settings: Settings) -
     replies = settings.replies_topic
     pending = list(records)
     for attempt in itertools.count():
-        results = await asyncio.gather(*(_send_one(send, r) for r in pending))
+        results = await _send_all(send, pending)
         failed = [(r, exc) for r, exc in zip(pending, results, strict=True) if exc is not None]
         if not failed:
             return
@@ -172,11 +176,26 @@ async def deliver(records: Sequence[Outbound], send: Send, settings: Settings) -
             await asyncio.sleep(delay)
 
 
-async def _send_one(send: Send, record: Outbound) -> BaseException | None:
-    try:
-        await (await send(record))
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        return exc
-    return None
+async def _send_all(send: Send, records: Sequence[Outbound]) -> list[BaseException | None]:
+    """Start every produce in order, then gather the acknowledgements; each
+    record's error, or ``None``."""
+    started: list[Awaitable[object] | BaseException] = []
+    for record in records:
+        try:
+            started.append(await send(record))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            started.append(exc)
+    waiting = [s for s in started if not isinstance(s, BaseException)]
+    acks = iter(await asyncio.gather(*waiting, return_exceptions=True))
+    out: list[BaseException | None] = []
+    for s in started:
+        if isinstance(s, BaseException):
+            out.append(s)
+            continue
+        ack = next(acks)
+        if isinstance(ack, asyncio.CancelledError):
+            raise ack
+        out.append(ack if isinstance(ack, BaseException) else None)
+    return out

@@ -268,34 +268,68 @@ class RuleBook:
         Absent key: the rule's ``missing`` answer, else ``None``. Redis down
         or a bad stored value: ``None`` (a model answers instead); never raises."""
         rule = match.rule
-        lookup = rule.lookup
-        if lookup is None:
+        if rule.lookup is None:
             return self._render(rule, rule.answer, match.groups)
         if redis is None:
             return None
-        values = {**rule.defaults, **match.groups}
+        read = self.lookup_read(match, key_prefix)
+        if read is None:
+            return None
+        key, form = read
+        try:
+            if form == "hash":
+                raw: Any = await cast(Awaitable[Mapping[Any, Any]], redis.hgetall(key))
+            else:
+                raw = await cast(Awaitable[Any], redis.get(key))
+        except Exception as exc:  # judged by resolve_read, as a pipelined read's error is
+            raw = exc
+        return self.resolve_read(match, key, raw)
+
+    def lookup_read(self, match: RuleMatch, key_prefix: str) -> tuple[str, str] | None:
+        """What the match's lookup reads: ``(key, "hash" | "json")``; ``None``
+        when it needs no read, or must not or cannot be asked now (a matched
+        value unfit for a key, Redis resting after a failure). The batch
+        classifier pipelines these reads; ``resolve_read`` judges the answer."""
+        lookup = match.rule.lookup
+        if lookup is None:
+            return None
+        values = {**match.rule.defaults, **match.groups}
         if not all(_KEY_VALUE.fullmatch(values.get(n, "")) for n in lookup.key.fields):
             return None  # not a value to put into a key; let a model handle it
-        key = f"{key_prefix}:{lookup.key.render(values)}"
         if self._failopen.resting():
+            return None
+        return f"{key_prefix}:{lookup.key.render(values)}", lookup.format
+
+    def lookup_failed(self, exc: BaseException) -> None:
+        """The round trip that carried this book's lookups failed as a whole."""
+        self._failopen.failed("lookup", exc)
+
+    def resolve_read(self, match: RuleMatch, key: str, raw: Any) -> RuleAnswer | None:
+        """The match's answer from what its lookup read at ``key``: a hash's
+        fields (``HGETALL``), a JSON document (``GET``), or the exception the
+        read raised. Never raises."""
+        rule, lookup = match.rule, match.rule.lookup
+        if lookup is None:
+            return self._render(rule, rule.answer, match.groups)
+        if isinstance(raw, ResponseError):  # Redis is up; the key holds the wrong kind of value
+            log.warning("rule %r: cannot read %r as %s: %s", rule.name, key, lookup.format, raw)
+            return None
+        if isinstance(raw, RedisError | OSError | TimeoutError):
+            self._failopen.failed("lookup", raw)
+            return None
+        if isinstance(raw, BaseException):
+            log.warning("rule %r: the lookup of %r failed: %s", rule.name, key, raw)
             return None
         try:
             if lookup.format == "hash":
-                raw = await cast(Awaitable[Mapping[Any, Any]], redis.hgetall(key))
                 found = {_text(k): _text(v) for k, v in raw.items()} if raw else None
             else:
-                document = await cast(Awaitable[Any], redis.get(key))
-                found = None if document is None else _json_fields(document)
-        except ResponseError as exc:  # Redis is up; the key holds the wrong kind of value
-            log.warning("rule %r: cannot read %r as %s: %s", rule.name, key, lookup.format, exc)
-            return None
-        except (RedisError, OSError, TimeoutError) as exc:
-            self._failopen.failed("lookup", exc)
-            return None
+                found = None if raw is None else _json_fields(raw)
         except ValueError as exc:
             log.warning("rule %r: the value at %r is not a JSON object: %s", rule.name, key, exc)
             return None
         self._failopen.answered()
+        values = {**rule.defaults, **match.groups}
         if found is None:
             if lookup.missing is None:
                 return None

@@ -39,6 +39,7 @@ from schemas.messages import ChatMessage, InferenceRequest
 from schemas.settings import SessionSettings
 from streams.classify.features import estimate_tokens
 from streams.stores.failopen import FailOpen
+from streams.stores.rounds import Round
 
 __all__ = [
     "SESSION_ERRORS",
@@ -211,8 +212,28 @@ class SessionStore:
         except (RedisError, OSError) as exc:
             self._failopen.failed("history", exc)
             return []
+        return self.history_from(session_id, raw)
+
+    # -- batched: the reads go into the batch's round trip --------------------
+
+    def queue_histories(self, round_: Round, session_ids: Sequence[str]) -> int | None:
+        """Queue the read of these sessions' histories into ``round_`` as one
+        ``MGET``; ``None`` when there is nothing to read (none, disabled,
+        Redis resting)."""
+        if not session_ids or not self._available():
+            return None
+        return round_.add("mget", [self.key(s) for s in session_ids])
+
+    def history_from(self, session_id: str, raw: object) -> list[ChatMessage]:
+        """The history from what ``GET`` answered (or the error it raised)."""
+        if isinstance(raw, RedisError | OSError):
+            self._failopen.failed("history", raw)
+            return []
         self._failopen.answered()
         if raw is None:
+            return []
+        if not isinstance(raw, bytes | str):
+            SESSION_ERRORS.labels("decode").inc()
             return []
         try:
             turns = _decode(raw)
@@ -222,6 +243,10 @@ class SessionStore:
             return []
         # The budget may have shrunk since the entry was written.
         return trim_to_budget(turns, self._settings.max_tokens)
+
+    def failed(self, exc: BaseException) -> None:
+        """The round trip the reads were queued in failed as a whole."""
+        self._failopen.failed("history", exc)
 
     async def append(
         self, session_id: str | None, request_id: str, user_text: str, answer: str
@@ -235,22 +260,8 @@ class SessionStore:
         if session_id is None or not self._available():
             return
         try:
-            turns = json.dumps(
-                [
-                    {"role": "user", "content": user_text, "tokens": estimate_tokens(user_text)},
-                    {"role": "assistant", "content": answer, "tokens": estimate_tokens(answer)},
-                ],
-                ensure_ascii=False,
-            )
             await self._append(
-                keys=[self.key(session_id)],
-                args=[
-                    request_id,
-                    turns,
-                    self._settings.max_tokens,
-                    self._settings.ttl_s,
-                    REMEMBERED_IDS,
-                ],
+                keys=[self.key(session_id)], args=self._append_args(request_id, user_text, answer)
             )
         except (RedisError, OSError) as exc:
             self._failopen.failed("append", exc)
@@ -259,6 +270,53 @@ class SessionStore:
             log.exception("session append for %s failed: %s", request_id, exc)
         else:
             self._failopen.answered()
+
+    async def append_many(self, exchanges: Sequence[tuple[str, str, str, str]]) -> None:
+        """``append`` for ``(session_id, request_id, user_text, answer)``
+        exchanges, in one round trip, in order (two turns of one session land
+        in the order given). Never raises."""
+        if not exchanges or not self._available():
+            return
+        round_ = Round(self._redis)
+        for session_id, request_id, user_text, answer in exchanges:
+            try:
+                args = self._append_args(request_id, user_text, answer)
+                # Text Redis cannot take would fail the whole pipeline at send.
+                self.key(session_id).encode()
+                request_id.encode()
+                str(args[1]).encode()
+            except Exception as exc:
+                SESSION_ERRORS.labels("append").inc()
+                log.exception("session append for %s failed: %s", request_id, exc)
+                continue
+            round_.script(self._append, [self.key(session_id)], args)
+        try:
+            replies = await round_.run()
+        except (RedisError, OSError) as exc:
+            self._failopen.failed("append", exc)
+            return
+        except Exception as exc:
+            SESSION_ERRORS.labels("append").inc()
+            log.exception("session appends of a batch failed: %s", exc)
+            return
+        errors = [r for r in replies if isinstance(r, Exception)]
+        for error in errors:
+            if isinstance(error, RedisError | OSError):
+                self._failopen.failed("append", error)
+            else:
+                SESSION_ERRORS.labels("append").inc()
+        if len(errors) < len(replies):
+            self._failopen.answered()
+
+    def _append_args(self, request_id: str, user_text: str, answer: str) -> list[str | int]:
+        turns = json.dumps(
+            [
+                {"role": "user", "content": user_text, "tokens": estimate_tokens(user_text)},
+                {"role": "assistant", "content": answer, "tokens": estimate_tokens(answer)},
+            ],
+            ensure_ascii=False,
+        )
+        return [request_id, turns, self._settings.max_tokens, self._settings.ttl_s, REMEMBERED_IDS]
 
     async def close(self) -> None:
         await self._redis.aclose()
