@@ -5,6 +5,8 @@
 - ``<r>:batch:job:<id>:invalid``  list: ``{"line", "custom_id", "error"}`` per refused line
 - ``<r>:batch:job:<id>:results``  hash: request id -> its result, first one kept
 - ``<r>:batch:job:<id>:seen``     set: request ids of a job only Kafka producers wrote to
+- ``<r>:batch:job:<id>:pending``  hash: request id -> the request, while it is unanswered
+- ``<r>:batch:job:<id>:retry``    sorted set: request ids shed with INF-429, by when to resend
 - ``<r>:batch:jobs``              sorted set: job id by creation time (``laneway batch list``)
 - ``<r>:batch:open``              set: jobs not yet final (the tracker settles them)
 
@@ -35,10 +37,28 @@ redis.call('SADD', KEYS[3], ARGV[1])
 return 1
 """
 
-# KEYS: job, results, jobs, open, seen
-# ARGV: request id, payload, outcome field (done|failed), now ms, job id, expires ms
+# KEYS: job, results, jobs, open, seen, pending, retry
+# ARGV: request id, payload, outcome field (done|failed|retry), now ms, job id,
+# expires ms, resend at ms
 _RECORD = """
-if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
+local field = ARGV[3]
+if field == 'retry' then
+  if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+  if redis.call('HEXISTS', KEYS[6], ARGV[1]) == 1 then
+    local status = redis.call('HGET', KEYS[1], 'status')
+    if status == 'in_progress' then
+      redis.call('ZADD', KEYS[7], ARGV[7], ARGV[1])
+      return 0
+    end
+  end
+  field = 'failed'
+end
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
+  redis.call('HDEL', KEYS[6], ARGV[1])
+  return 0
+end
+redis.call('HDEL', KEYS[6], ARGV[1])
+redis.call('ZREM', KEYS[7], ARGV[1])
 local source = redis.call('HGET', KEYS[1], 'source')
 if not source then
   source = 'kafka'
@@ -51,7 +71,7 @@ if source == 'kafka' then
   redis.call('SADD', KEYS[5], ARGV[1])
   redis.call('HSET', KEYS[1], 'total', redis.call('SCARD', KEYS[5]))
 end
-redis.call('HINCRBY', KEYS[1], ARGV[3], 1)
+redis.call('HINCRBY', KEYS[1], field, 1)
 local ttl = redis.call('TTL', KEYS[1])
 if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
 return 1
@@ -95,6 +115,7 @@ return 1
 """
 
 _INT_FIELDS = ("total", "invalid", "produced", "done", "failed")
+_PARTS = ("lines", "invalid", "results", "seen", "pending", "retry")
 
 
 class JobStore:
@@ -160,7 +181,7 @@ class JobStore:
         or ``None`` when it did not move (missing, or not allowed)."""
         allowed = "," + ",".join(s for s, nexts in TRANSITIONS.items() if to in nexts) + ","
         keys = [self.key(job_id), self.open_key]
-        keys += [self.key(job_id, part) for part in ("lines", "invalid", "results", "seen")]
+        keys += [self.key(job_id, part) for part in _PARTS]
         moved, previous = await self._move(
             keys=keys,
             args=[to.value, allowed, now_ms, 1 if to in FINAL else 0, job_id, self.retention_s],
@@ -204,31 +225,61 @@ class JobStore:
 
     async def record(
         self,
-        entries: Sequence[tuple[str, str, str, bool]],
+        entries: Sequence[tuple[str, str, str, bool | int]],
         *,
         now_ms: int,
         window_s: int,
     ) -> int:
-        """``(job id, request id, result JSON, ok)`` per terminal result, in
-        one round trip; a request already recorded is left as it is. How
-        many were new."""
+        """``(job id, request id, result JSON, outcome)`` per terminal result,
+        in one round trip; a request already recorded is left as it is. The
+        outcome is ``True`` (ok), ``False`` (an error) or the epoch ms at
+        which to send the request again (shed with INF-429): a request of a
+        running job that the submitter left in ``pending`` is then put on
+        ``retry`` instead of counted (else it counts as failed). How many
+        were recorded."""
         if not entries:
             return 0
         pipe = self.redis.pipeline(transaction=False)
         expires = now_ms + window_s * 1000
-        for job_id, request_id, payload, ok in entries:
+        for job_id, request_id, payload, outcome in entries:
+            if outcome is True or outcome is False:
+                field, resend_at = ("done" if outcome else "failed"), 0
+            else:
+                field, resend_at = "retry", int(outcome)
             await self._record(
                 keys=[
                     self.key(job_id),
                     self.key(job_id, "results"),
                     self.jobs_key,
                     self.open_key,
-                    self.key(job_id, "seen"),
+                    *(self.key(job_id, part) for part in ("seen", "pending", "retry")),
                 ],
-                args=[request_id, payload, "done" if ok else "failed", now_ms, job_id, expires],
+                args=[request_id, payload, field, now_ms, job_id, expires, resend_at],
                 client=pipe,
             )
         return sum(int(n) for n in await pipe.execute())
+
+    async def put_pending(self, job_id: str, requests: dict[str, str]) -> None:
+        """The requests about to be produced, kept until answered so that
+        the tracker can send a shed one again."""
+        if requests:
+            await self.redis.hset(self.key(job_id, "pending"), mapping=requests)
+
+    async def due_retries(
+        self, job_id: str, now_ms: int, limit: int = 100
+    ) -> list[tuple[str, str]]:
+        """``(request id, request JSON)`` of the job's shed requests due now,
+        taken off the retry set (a crash before they are produced again
+        leaves them unanswered until the window ends: never twice)."""
+        key = self.key(job_id, "retry")
+        ids = [_text(i) for i in await self.redis.zrangebyscore(key, "-inf", now_ms, 0, limit)]
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.zrem(key, *ids)
+        pipe.hmget(self.key(job_id, "pending"), ids)
+        _, bodies = await pipe.execute()
+        return [(i, _text(b)) for i, b in zip(ids, bodies, strict=True) if b is not None]
 
     async def seen(self, entries: Sequence[tuple[str, str]], *, now_ms: int, window_s: int) -> int:
         """``(job id, request id)`` per request seen on the request topic:

@@ -9,7 +9,9 @@ request id once, so nothing is answered or counted twice). Production is
 bounded by ``LANEWAY_BATCH_SUBMIT_RPS`` (at most half the tenant's rate
 limit) and by ``LANEWAY_BATCH_MAX_INFLIGHT`` requests produced but not yet
 answered, so the bulk lane stays short and a cancel stops what has not
-started. Each request's deadline is the rest of the job's window.
+started. Each request's deadline is the rest of the job's window. Each
+chunk is written to the job's ``pending`` requests before it is produced,
+so the tracker can send a request shed with INF-429 again.
 """
 
 from __future__ import annotations
@@ -167,9 +169,8 @@ async def _produce(
         await asyncio.sleep(max(0.0, next_at - loop.time()))
         next_at = max(next_at, loop.time()) + n / rate
         deadline_ms = max(1, current.expires_at_ms - now_ms())
-        sends = []
-        for line in lines[cursor : cursor + n]:
-            request = InferenceRequest(
+        chunk_requests = [
+            InferenceRequest(
                 id=request_id(job.id, line.custom_id),
                 tenant=job.tenant,
                 batch_id=job.id,
@@ -178,11 +179,14 @@ async def _produce(
                 deadline_ms=deadline_ms,
                 **line.body,
             )
-            sends.append(
-                await producer.send(
-                    topic, request.model_dump_json().encode(), key=request.partition_key()
-                )
-            )
+            for line in lines[cursor : cursor + n]
+        ]
+        values = {r.id: r.model_dump_json() for r in chunk_requests}
+        await store.put_pending(job.id, values)  # so that a shed one can be sent again
+        sends = [
+            await producer.send(topic, values[r.id].encode(), key=r.partition_key())
+            for r in chunk_requests
+        ]
         await asyncio.gather(*sends)
         cursor += n
         await store.raise_produced(job.id, cursor)

@@ -11,6 +11,12 @@ request) and ``<p>.requests`` in a consumer group of its own
   producer may write requests with a ``batch_id``) is counted into that
   job's total, so its counts add up too.
 
+A request shed by flow control or over its tenant's rate limit (INF-429)
+is not a final answer for a running job: it is sent again once its
+``retry_after_ms`` has passed (kept meanwhile in the job's ``pending``
+requests, which the submitter writes), until its window ends. So a batch
+yields to interactive traffic under load and carries on afterwards.
+
 Offsets are committed only after Redis took a poll's writes: a crash or a
 Redis error reads them again. Every ``LANEWAY_BATCH_SWEEP_INTERVAL_S`` the
 open jobs are settled (completion, expiry), each move published on
@@ -29,6 +35,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 
+from schemas.errors import ErrorCode
+from schemas.jobs import BatchJob
+from schemas.messages import InferenceRequest
 from schemas.settings import Settings
 from streams.jobs.events import Mover, now_ms
 from streams.jobs.store import JobStore
@@ -40,6 +49,8 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 500
 MAX_RECORDS = 1000
+DEFAULT_RETRY_MS = 5_000
+MAX_RETRY_MS = 60_000
 
 
 def _batch_fields(value: bytes | None) -> tuple[str, str, dict[str, Any]] | None:
@@ -59,12 +70,25 @@ def _batch_fields(value: bytes | None) -> tuple[str, str, dict[str, Any]] | None
     return batch_id, request_id, data
 
 
+def outcome_of(data: dict[str, Any], now_ms: int) -> bool | int:
+    """``True`` for an answer, ``False`` for an error, or, for a request shed
+    or over its tenant's limit (INF-429), the epoch ms to send it again."""
+    if data.get("status") == "ok":
+        return True
+    error = data.get("error")
+    if isinstance(error, dict) and error.get("code") == ErrorCode.RATE_LIMITED:
+        wait = error.get("retry_after_ms")
+        wait = wait if isinstance(wait, int) and wait > 0 else DEFAULT_RETRY_MS
+        return now_ms + min(wait, MAX_RETRY_MS)
+    return False
+
+
 def parse_records(
-    records: Sequence[ConsumerRecord[bytes, bytes]], results_topic: str
-) -> tuple[list[tuple[str, str, str, bool]], list[tuple[str, str]]]:
-    """Results ``(job, request id, JSON, ok)`` and requests ``(job, request
-    id)`` among ``records``."""
-    results: list[tuple[str, str, str, bool]] = []
+    records: Sequence[ConsumerRecord[bytes, bytes]], results_topic: str, now_ms: int = 0
+) -> tuple[list[tuple[str, str, str, bool | int]], list[tuple[str, str]]]:
+    """Results ``(job, request id, JSON, outcome)`` (``outcome_of``) and
+    requests ``(job, request id)`` among ``records``."""
+    results: list[tuple[str, str, str, bool | int]] = []
     requests: list[tuple[str, str]] = []
     for record in records:
         found = _batch_fields(record.value)
@@ -72,9 +96,8 @@ def parse_records(
             continue
         batch_id, request_id, data = found
         if record.topic == results_topic:
-            ok = data.get("status") == "ok"
             assert record.value is not None
-            results.append((batch_id, request_id, record.value.decode(), ok))
+            results.append((batch_id, request_id, record.value.decode(), outcome_of(data, now_ms)))
         else:
             requests.append((batch_id, request_id))
     return results, requests
@@ -87,23 +110,51 @@ class JobTracker:
             redis, settings.redis.key_prefix, retention_s=settings.batch.retention_s
         )
         self.mover = Mover(self.store, producer, settings)
+        self.producer = producer
+        self.resent = 0
         self.results_topic = settings.topic("results")
         self.requests_topic = settings.topic("requests")
         self.recorded = 0
 
     async def handle(self, records: Sequence[ConsumerRecord[bytes, bytes]]) -> None:
         """Record one poll's records and settle the jobs they touched."""
-        results, requests = parse_records(records, self.results_topic)
-        window_s = self.settings.batch.window_s
         now = now_ms()
+        results, requests = parse_records(records, self.results_topic, now)
+        window_s = self.settings.batch.window_s
         await self.store.seen(requests, now_ms=now, window_s=window_s)
         self.recorded += await self.store.record(results, now_ms=now, window_s=window_s)
         for job_id in sorted({r[0] for r in results}):
             await self.mover.settle(job_id)
 
     async def sweep(self) -> None:
+        """Settle the open jobs, and send their shed requests that are due again."""
         for job_id in await self.store.open_jobs():
-            await self.mover.settle(job_id)
+            job = await self.mover.settle(job_id)
+            if job is not None and job.source == "file" and not job.final:
+                await self.resend(job)
+
+    async def resend(self, job: BatchJob) -> int:
+        """Produce the job's due retries again, each with the rest of the
+        window as its deadline; how many."""
+        now = now_ms()
+        due = await self.store.due_retries(job.id, now)
+        sends = []
+        for _, raw in due:
+            request = InferenceRequest.model_validate_json(raw).model_copy(
+                update={"deadline_ms": max(1, job.expires_at_ms - now)}
+            )
+            sends.append(
+                await self.producer.send(
+                    self.requests_topic,
+                    request.model_dump_json().encode(),
+                    key=request.partition_key(),
+                )
+            )
+        await asyncio.gather(*sends)
+        self.resent += len(sends)
+        if sends:
+            log.info("batch job %s: %d shed requests sent again", job.id, len(sends))
+        return len(sends)
 
     async def run(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()

@@ -340,3 +340,23 @@ async def test_a_job_whose_window_passes_expires_keeping_what_finished(
     assert all(r["error"] is None for r in out[:3])
     codes = {r["error"]["code"] for r in out if r["error"]}
     assert "batch_expired" in codes and codes <= {"batch_expired", "INF-503"}
+
+
+async def test_requests_shed_with_inf_429_are_sent_again_and_complete(
+    settings: Settings, tmp_path: FsPath
+) -> None:
+    """Tenant ``tiny`` may send 2 at once, then one per 10 s (CHILD_ENV); a
+    submitter that does not know it sends 4 at once: 2 or more get INF-429,
+    and the tracker sends them again when their retry_after_ms has passed."""
+    tag = uuid.uuid4().hex[:6]
+    rows = [line(f"s-{n}", f"{RULE_PROMPTS[n]} ({tag})") for n in range(4)]
+    data = write_jsonl(tmp_path / "in.jsonl", rows).read_bytes()
+    unaware = fast(settings).model_copy(
+        update={"ratelimit": settings.ratelimit.model_copy(update={"enabled": False})}
+    )
+    job = await submit_file(unaware, data, tenant="tiny")
+    final = await until_final(settings, job.id, timeout_s=100)
+    assert final.status is S.COMPLETED
+    assert (final.counts.done, final.counts.failed) == (4, 0)
+    await write_results(settings, job.id, tmp_path / "out.jsonl")
+    assert [r["error"] for r in read_jsonl(tmp_path / "out.jsonl")] == [None] * 4

@@ -111,3 +111,25 @@ async def test_lines_and_invalid_lines_are_kept_in_order(store: JobStore) -> Non
     assert await store.invalid(job.id) == [
         {"line": 2, "custom_id": None, "error": parsed.errors[0].message}
     ]
+
+
+async def test_a_shed_request_of_a_running_job_waits_to_be_sent_again(store: JobStore) -> None:
+    job = new_job(total=2)
+    await store.create(job)
+    await store.move(job.id, S.IN_PROGRESS, 1_500)
+    await store.put_pending(job.id, {"r1": '{"id": "r1"}', "r2": '{"id": "r2"}'})
+    shed = [(job.id, "r1", '{"429": 1}', 5_000)]
+    assert await store.record(shed, now_ms=2_000, window_s=60) == 0
+    assert await store.record(shed, now_ms=2_000, window_s=60) == 0  # redelivered: one retry
+    counted = await store.get(job.id)
+    assert counted is not None and (counted.counts.done, counted.counts.failed) == (0, 0)
+    assert await store.due_retries(job.id, 4_999) == []
+    assert await store.due_retries(job.id, 5_000) == [("r1", '{"id": "r1"}')]
+    assert await store.due_retries(job.id, 9_000) == []  # taken once
+    assert await store.record([(job.id, "r1", '{"ok": 1}', True)], now_ms=6_000, window_s=60) == 1
+    assert await store.record(shed, now_ms=6_100, window_s=60) == 0  # late: already answered
+    assert await store.redis.hkeys(store.key(job.id, "pending")) == [b"r2"]
+    # a shed request nobody can send again (not pending) is an error result
+    assert await store.record([(job.id, "r9", "{}", 7_000)], now_ms=6_000, window_s=60) == 1
+    final = await store.get(job.id)
+    assert final is not None and (final.counts.done, final.counts.failed) == (1, 1)

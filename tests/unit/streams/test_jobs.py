@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from schemas.errors import RateLimited
 from schemas.jobs import FINAL, BatchCounts, BatchJob, BatchJobStatus
 from schemas.messages import InferenceResult, RequestLimits, Usage
 from streams.jobs.jsonl import job_id_for, parse_jsonl, parse_window, request_id
@@ -216,17 +217,25 @@ def test_the_tracker_reads_only_records_that_name_a_batch() -> None:
 
     ok = InferenceResult(id="r1", status="ok", output="hi", batch_id="b1").model_dump_json()
     failed = InferenceResult(id="r2", status="error", batch_id="b1").model_dump_json()
+    shed = InferenceResult.failure(
+        "r4", RateLimited("shed", retry_after_ms=700), batch_id="b1"
+    ).model_dump_json()
     plain = InferenceResult(id="r3", status="ok", output="hi").model_dump_json()
     records = [
         rec("p.results", ok.encode()),
         rec("p.results", failed.encode()),
         rec("p.results", plain.encode()),
         rec("p.results", b"not json"),
+        rec("p.results", shed.encode()),
         rec("p.requests", b'{"id": "q1", "prompt": "x", "batch_id": "native"}'),
         rec("p.requests", b'{"id": "q2", "prompt": "x", "batch_id": null}'),
         rec("p.requests", b'{"id": 3, "batch_id": "native"}'),
     ]
-    results, requests = parse_records(records, "p.results")  # type: ignore[arg-type]
-    assert [(j, r, good) for j, r, _, good in results] == [("b1", "r1", True), ("b1", "r2", False)]
+    results, requests = parse_records(records, "p.results", 10_000)  # type: ignore[arg-type]
+    assert [(j, r, out) for j, r, _, out in results] == [
+        ("b1", "r1", True),
+        ("b1", "r2", False),
+        ("b1", "r4", 10_700),  # INF-429: sent again after its retry_after_ms
+    ]
     assert results[0][2] == ok
     assert requests == [("native", "q1")]
