@@ -24,21 +24,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Sequence
+from functools import partial
 from typing import Any, cast
 
 import faust
 
 from schemas.messages import Lane, QualityEvent
 from schemas.settings import Settings
-from streams.classify.batch import BatchClassifier, BatchLookups
+from streams.classify.batch import BatchClassifier, BatchLookups, Pipeline, wave_keys
 from streams.classify.classifier import Classified, SourceRecord
 from streams.classify.drift import DriftMonitor
 from streams.classify.flow import FlowController
 from streams.classify.policy import Decision
 from streams.classify.registry import load_registry
 from streams.classify.router import RouteBoard, SmartRouter
-from streams.kafka.envelopes import Outbound, Send, deliver
+from streams.kafka.batches import BatchSend
+from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
 from streams.rules.rulefile import RuleSource
@@ -62,19 +64,17 @@ def source_record(event: Any) -> SourceRecord:
     )
 
 
-def producer_sender(app: faust.App) -> Send:
-    """``send`` for ``deliver`` straight to faust's producer: the agent's
-    hot path produces thousands of records a second, and ``app.send`` builds
-    a topic object and a future message for each. The returned awaitable
-    resolves on the broker's ack (acks=all)."""
+def batch_sender(app: faust.App) -> BatchSend:
+    """``send`` for ``deliver`` through faust's own (acks=all) aiokafka
+    producer, a batch per partition (``streams.kafka.batches``): the agent's
+    hot path produces thousands of records a second, and ``app.send`` costs a
+    topic object, a future message and a producer call per record."""
 
-    async def send(record: Outbound) -> Awaitable[object]:
-        producer = await app.maybe_start_producer()
-        return await producer.send(
-            record.topic, record.key, record.value, None, None, list(record.headers) or None
-        )
+    async def producer() -> Any:
+        started = await app.maybe_start_producer()
+        return started._ensure_producer()
 
-    return send
+    return BatchSend(producer)
 
 
 def build_app(
@@ -106,23 +106,39 @@ def build_app(
     requests = raw_topic(app, settings.topic("requests"))
 
     send = raw_sender(app)
-    produce = producer_sender(app)
+    produce = batch_sender(app)
     take = settings.classifier
 
     @app.agent(requests, concurrency=1)
     async def classify(stream: faust.StreamT) -> None:
         within = take.batch_wait_ms / 1000
         taking = cast(faust.Stream, stream).noack_take(take.batch_max, within=within)
+        pipeline = Pipeline()  # batch N is produced and acked while N+1 is looked up
         async for events in taking:
             records = [source_record(event) for event in events]
-            async for wave in batches.classify_waves(records):
+            waves = batches.classify_waves(records, before=pipeline.clear_of)
+            done = 0
+            async for wave in waves:
                 outcomes = [classified for _, classified in wave]
-                await deliver([r for c in outcomes for r in c.records], produce, settings)
-                await lookups.remember(outcomes)
-                for classified in outcomes:
-                    _observe(classified)
-            for event in events:  # every output of the batch is acknowledged
-                await stream.ack(event)
+                await pipeline.wait()  # one batch in flight at most, and its errors surface
+                pipeline.chain(partial(settle, outcomes), wave_keys(records, wave))
+                done += len(wave)
+                if done < len(records):  # another wave: it reads what this one wrote
+                    await pipeline.wait()
+            pipeline.chain(partial(ack, stream, events))
+
+    async def settle(outcomes: list[Classified]) -> None:
+        """Produce a wave's records and wait for every ack; then its
+        sessions and metrics."""
+        await deliver([r for c in outcomes for r in c.records], produce, settings)
+        await lookups.remember(outcomes)
+        for classified in outcomes:
+            _observe(classified)
+
+    async def ack(stream: faust.StreamT, events: Sequence[Any]) -> None:
+        """Every output of the batch is acknowledged: its offsets may move."""
+        for event in events:
+            await stream.ack(event)
 
     @app.timer(settings.flow.interval_s)
     async def watch_load() -> None:

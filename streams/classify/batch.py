@@ -33,9 +33,10 @@ The faust agent (``streams.classify.app``) only turns events into
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -68,8 +69,10 @@ __all__ = [
     "BatchClassifier",
     "BatchLookups",
     "Looked",
+    "Pipeline",
     "Plan",
     "semantic_wanted",
+    "wave_keys",
     "waves",
 ]
 
@@ -375,10 +378,69 @@ _FEATURES = tuple(f.name for f in fields(RequestFeatures))
 def _ordering_keys(record: SourceRecord, admitted: Admitted | Classified) -> tuple[object, ...]:
     """What orders a record against its batch-mates: its key, its session."""
     session = admitted.request.session_id if isinstance(admitted, Admitted) else None
+    return _keys_of(record, session)
+
+
+def _keys_of(record: SourceRecord, session: str | None) -> tuple[object, ...]:
     return (
         ("key", record.key) if record.key is not None else None,
         ("session", session) if session else None,
     )
+
+
+def wave_keys(
+    records: Sequence[SourceRecord], wave: Sequence[tuple[int, Classified]]
+) -> set[object]:
+    """The ordering keys of a classified wave (for ``Pipeline.chain``)."""
+    out: set[object] = set()
+    for i, classified in wave:
+        session = classified.request.session_id if classified.request is not None else None
+        out.update(k for k in _keys_of(records[i], session) if k is not None)
+    return out
+
+
+class Pipeline:
+    """Deliveries run one after another in the background, in the order
+    they were chained, while the next batch is looked up and classified.
+
+    A step starts only when the one before it finished, so records are
+    produced, sessions appended and events acked in batch order; the
+    agent chains a batch's acks after its last delivery, and waits for the
+    previous batch before it chains the next (one batch in flight). ``keys``
+    are the ordering keys of the steps not yet done: a batch that shares one
+    waits (``clear_of``) before its lookups, so a session's next turn still
+    reads the history its previous turn wrote. A step that fails stops every
+    step after it (nothing later is acked) and the failure is raised by the
+    next ``wait`` or ``chain``."""
+
+    def __init__(self) -> None:
+        self._tail: asyncio.Task[None] | None = None
+        self.keys: set[object] = set()
+
+    def chain(self, step: Callable[[], Awaitable[None]], keys: Iterable[object] = ()) -> None:
+        previous = self._tail
+        if previous is not None and previous.done():
+            previous.result()  # a failed step: raise it here, chain nothing more
+            previous = None
+        held = set(keys)
+        self.keys |= held
+
+        async def run() -> None:
+            if previous is not None:
+                await previous
+            await step()
+            self.keys -= held
+
+        self._tail = asyncio.get_running_loop().create_task(run())
+
+    async def wait(self) -> None:
+        """Until every chained step is done."""
+        if self._tail is not None:
+            await self._tail
+
+    async def clear_of(self, keys: set[object]) -> None:
+        if keys & self.keys:
+            await self.wait()
 
 
 class BatchClassifier:
@@ -412,14 +474,21 @@ class BatchClassifier:
         return [out[i] for i in range(len(records))]
 
     async def classify_waves(
-        self, records: Sequence[SourceRecord]
+        self,
+        records: Sequence[SourceRecord],
+        *,
+        before: Callable[[set[object]], Awaitable[None]] | None = None,
     ) -> AsyncIterator[list[tuple[int, Classified]]]:
         """``(index, Classified)`` pairs, a wave at a time (see ``waves``).
         The caller delivers and remembers a wave before asking for the next,
-        so a later turn of a session sees the earlier one."""
+        so a later turn of a session sees the earlier one. ``before`` is
+        awaited with the batch's ordering keys before its first lookup (the
+        agent waits there for an earlier batch still delivering one of them)."""
         now_ms = self._clock_ms()
         admitted: list[Admitted | Classified] = [self._admit(r, now_ms) for r in records]
         keys = [_ordering_keys(r, a) for r, a in zip(records, admitted, strict=True)]
+        if before is not None:
+            await before({k for item in keys for k in item if k is not None})
         for wave in waves(keys):
             yield await self._wave(records, admitted, wave)
 

@@ -5,6 +5,7 @@ Redis is a real client whose server is gone (fail-open); no model runs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Sequence
@@ -188,3 +189,44 @@ async def test_classify_waves_yields_each_record_once(size: int) -> None:
     records = [_record(i, _body(f"w{i}", "hi"), key=b"same") for i in range(size)]
     seen = [i async for wave in classifier.classify_waves(records) for i, _ in wave]
     assert seen == list(range(size))
+
+
+# -- the delivery pipeline ---------------------------------------------------------
+
+
+async def test_pipeline_steps_run_in_order_and_a_failure_stops_the_rest() -> None:
+    from streams.classify.batch import Pipeline
+
+    done: list[str] = []
+    release = asyncio.Event()
+
+    async def step(name: str, gate: asyncio.Event | None = None) -> None:
+        if gate is not None:
+            await gate.wait()
+        done.append(name)
+
+    pipeline = Pipeline()
+    pipeline.chain(lambda: step("deliver 1", release), {"k1"})
+    pipeline.chain(lambda: step("ack 1"))
+    assert pipeline.keys == {"k1"}
+    clear = asyncio.ensure_future(pipeline.clear_of({"k2"}))
+    await asyncio.sleep(0)
+    assert clear.done()  # no shared key: no wait
+    blocked = asyncio.ensure_future(pipeline.clear_of({"k1"}))
+    await asyncio.sleep(0.01)
+    assert not blocked.done() and done == []
+    release.set()
+    await blocked
+    assert done == ["deliver 1", "ack 1"] and pipeline.keys == set()
+
+    async def broken() -> None:
+        raise RuntimeError("broker gone mad")
+
+    pipeline.chain(broken)
+    pipeline.chain(lambda: step("ack 2"))  # must never run
+    with pytest.raises(RuntimeError):
+        await pipeline.wait()
+    with pytest.raises(RuntimeError):
+        pipeline.chain(lambda: step("deliver 3"))
+    await asyncio.sleep(0.01)
+    assert done == ["deliver 1", "ack 1"]
