@@ -41,6 +41,7 @@ from streams.stores.sessions import context_digest
 from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
 from workers.answered import attempt_events, cached_result
 from workers.batcher import collect_batch
+from workers.check import probe
 from workers.coalesce import shared_result, split_duplicates
 from workers.execution import Executor, backend_slots
 from workers.result_store import RecordKey, ResultStore
@@ -104,6 +105,8 @@ class LaneWorker:
         self.workers = workers
         """Where this worker announces the paths it serves (``None``: nowhere)."""
         self._worker_id = uuid.uuid4().hex[:8]
+        self._probed: set[Path] = set()
+        """Paths whose backend loaded and answered a test inference."""
         self._reported_at = 0.0
         self._next_offset: dict[TopicPartition, int] = {}
         """Per partition, the offset after the last record handed to this worker."""
@@ -138,18 +141,39 @@ class LaneWorker:
         self.relay = RetryRelay(self.settings, self.lane, self._producer)
         await self.relay.start()
         await self._warm_up()
-        self.state.ready = True
-        self.state.detail = f"{self.lane} worker consuming {self.topic}"
         log.info("%s worker started on %s", self.lane, self.topic)
 
     async def _warm_up(self) -> None:
         """Load the model paths before the first request, so its latency is
-        not a model load. A failure is kept and answered as INF-502."""
+        not a model load, and have each answer one short inference. The
+        worker is ready only once every path it serves has answered; a
+        failure is kept (answered as INF-502, retried at each heartbeat)."""
+        failing = []
         for path, slot in self.executor.slots.items():
+            if path in self._probed:
+                continue
             try:
-                await slot.get()
+                backend = await slot.get()
             except Exception as exc:
-                log.warning("%s: %s backend not ready: %s", self.lane, path, exc)
+                failing.append(f"{path}: {exc}")
+                continue
+            if path == Path.RULES or backend.kind == "rules":  # no model to ask
+                self._probed.add(path)
+                continue
+            answered, detail = await probe(backend)
+            if answered:
+                self._probed.add(path)
+                log.info("%s: %s answered its test inference: %r", self.lane, path, detail)
+            else:
+                failing.append(f"{path}: test inference failed: {detail}")
+        for reason in failing:
+            log.warning("%s: backend not ready: %s", self.lane, reason)
+        self.state.ready = not failing
+        self.state.detail = (
+            f"{self.lane} worker consuming {self.topic}"
+            if not failing
+            else f"{self.lane} worker not ready: {'; '.join(failing)}"
+        )
 
     def stop(self) -> None:
         """Stop taking work; the batch in flight is finished and committed."""
@@ -210,7 +234,8 @@ class LaneWorker:
                 await relay
 
     def card(self) -> WorkerCard:
-        """What this worker serves now: the paths whose backend is loaded."""
+        """What this worker serves now: the paths whose backend is loaded and
+        answered its test inference."""
         lane = self.lane_settings
         paths = tuple(
             PathCard(
@@ -230,10 +255,8 @@ class LaneWorker:
             return
         try:
             while not self._stopping.is_set():
-                for slot in self.executor.slots.values():
-                    if slot.backend is None:
-                        with contextlib.suppress(Exception):  # kept by the slot, retried later
-                            await slot.get()
+                if len(self._probed) < len(self.executor.slots):
+                    await self._warm_up()  # a failed load is retried after load_retry_s
                 await self.workers.announce(self.card())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path as FsPath
 
 import redis.asyncio as aioredis
 
 from schemas.messages import Lane, Path
-from schemas.settings import BackendSettings, RealtimeLaneSettings, Settings
+from schemas.settings import BackendSettings, MediumLaneSettings, RealtimeLaneSettings, Settings
 from streams.classify.features import Complexity
 from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
@@ -69,6 +70,7 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
                 break
             await asyncio.sleep(0.1)
         assert serving == {Lane.REALTIME: frozenset({Path.LIGHT})}
+        assert worker.state.ready
         (card,) = await board.live() or []
         assert card.paths == (PathCard(Path.LIGHT, "rules", own.backend.light_model, "cpu"),)
         assert card.capacity == own.realtime.max_batch_size * own.realtime.max_inflight_batches
@@ -89,3 +91,27 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
             await asyncio.wait_for(running, timeout=10)
         await worker.close()
         await client.aclose()
+
+
+async def test_a_worker_whose_model_is_missing_is_not_ready_and_lists_only_the_rest(
+    settings: Settings, tmp_path: FsPath
+) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    missing = tmp_path / "missing.gguf"
+    own = settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(update={"topic_prefix": prefix}),
+            "app_id": prefix,
+            "backend": BackendSettings(light="rules", heavy="llamacpp", heavy_model=str(missing)),
+            "medium": MediumLaneSettings(paths=("light", "heavy")),
+        }
+    )
+    await create_topics(own)
+    worker = LaneWorker(own, Lane.MEDIUM)
+    try:
+        await worker.start()
+        assert not worker.state.ready
+        assert "heavy" in worker.state.detail and str(missing) in worker.state.detail
+        assert [p.path for p in worker.card().paths] == [Path.LIGHT]
+    finally:
+        await worker.close()
