@@ -90,6 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--rt-rps", type=float, default=2.0, help="--batch: realtime requests per second"
     )
+    bench.add_argument(
+        "--backend",
+        choices=["llamacpp"],
+        help="call the backend directly, no Kafka: tokens/s per batch size of each CPU model",
+    )
+    bench.add_argument(
+        "--batch-sizes", default="1,2,4,8,16", help="--backend: batch sizes, comma-separated"
+    )
 
     prewarm = sub.add_parser(
         "prewarm", help="refresh the cache entries of the most asked questions (nightly)"
@@ -237,6 +245,11 @@ def _bench(settings: Settings, args: argparse.Namespace) -> int:
         from streams.tools.bench_compare import compare
 
         return compare(settings, args)
+
+    if args.backend:
+        from streams.tools.bench_backend import run_backend_bench
+
+        return run_backend_bench(settings, args)
 
     if args.batch:
         from streams.tools.bench_batch import run_batch_bench

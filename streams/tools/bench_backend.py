@@ -1,0 +1,161 @@
+"""``laneway bench --backend llamacpp``: what batching buys a backend, with
+no Kafka in the way.
+
+Each CPU model is loaded once and given the same requests (different
+prompts, greedy) at every batch size: in batches of 1, then of 2, and so on,
+each batch waiting for the one before, then with two batches in flight as a
+lane worker keeps them (the second joins the running decode as the first's
+short answers finish). Tokens/s and requests/s per batch size, and their
+ratio to batch 1, are measured side by side in one run, so a noisy machine
+moves every row alike.
+``direct_rates`` is the reusable part: the pipeline-efficiency bench calls it
+for the ceiling a model reaches when called directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from schemas.errors import LanewayError
+from schemas.messages import ChatMessage
+from schemas.settings import BackendSettings, Settings
+from streams.tools.bench import HARD_PROMPTS, RULE_PROMPTS, SIMPLE_PROMPTS
+from workers.backends.base import Backend, Generation, GenerationInput, create_backend
+from workers.models import KNOWN_MODELS
+
+__all__ = ["Rate", "bench_prompts", "direct_rates", "format_rates", "run_backend_bench"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    model: str
+    batch_size: int
+    inflight: int
+    """Batches the caller kept in flight at once (a lane worker keeps up to
+    ``max_inflight_batches``); 1 = each batch waits for the one before."""
+    requests: int
+    completion_tokens: int
+    seconds: float
+    errors: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def bench_prompts(n: int) -> list[str]:
+    """``n`` different prompts: the bench's own, then asked again in other words."""
+    base = [*SIMPLE_PROMPTS, *HARD_PROMPTS, *RULE_PROMPTS]
+    ways = ["{}", "{} Answer in one sentence.", "Briefly: {}", "{} Explain your answer."]
+    return [ways[(i // len(base)) % len(ways)].format(base[i % len(base)]) for i in range(n)]
+
+
+async def direct_rates(
+    settings: BackendSettings,
+    model: str,
+    batch_sizes: Sequence[int],
+    prompts: Sequence[str],
+    max_tokens: int,
+    kind: str = "llamacpp",
+    inflight: Sequence[int] = (1,),
+) -> list[Rate]:
+    """Rates of ``model`` on ``kind``, called directly: at each batch size
+    (and number of batches in flight), every prompt once, in batches of that
+    size. The backend may decode as many sequences together as the largest
+    batch times the most batches in flight."""
+    if kind == "llamacpp":
+        together = min(len(prompts), max(batch_sizes) * max(inflight))
+        wanted = max(settings.llamacpp_max_sequences, together)
+        settings = settings.model_copy(update={"llamacpp_max_sequences": wanted})
+    backend = create_backend(kind, model, settings)
+    await backend.load()
+    system = [ChatMessage(role="system", content=settings.system_prompt)]
+    inputs = [
+        GenerationInput([*system, ChatMessage(role="user", content=p)], max_tokens, 0.0)
+        for p in prompts
+    ]
+    rates = []
+    try:
+        await backend.infer_batch(inputs[:1])  # warm-up: first-call allocations
+        for size in batch_sizes:
+            for depth in inflight:
+                rates.append(await _timed(backend, model, inputs, size, depth))
+    finally:
+        await backend.close()
+    return rates
+
+
+async def _timed(
+    backend: Backend, model: str, inputs: Sequence[GenerationInput], size: int, depth: int
+) -> Rate:
+    tokens = errors = 0
+    slots = asyncio.Semaphore(depth)
+
+    async def one(batch: Sequence[GenerationInput]) -> None:
+        nonlocal tokens, errors
+        async with slots:
+            for outcome in await backend.infer_batch(batch):
+                if isinstance(outcome, Generation):
+                    tokens += outcome.completion_tokens
+                elif isinstance(outcome, LanewayError):
+                    errors += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(inputs[at : at + size]) for at in range(0, len(inputs), size)))
+    seconds = time.perf_counter() - started
+    return Rate(model, size, depth, len(inputs), tokens, seconds, errors)
+
+
+def format_rates(rates: Sequence[Rate]) -> str:
+    header = (
+        f"{'model':<14} {'batch':>5} {'in flight':>9} {'tokens/s':>9} {'requests/s':>11} "
+        f"{'vs batch 1':>10} {'tokens':>7} {'seconds':>8} {'errors':>6}"
+    )
+    lines = [header, "-" * len(header)]
+    first: dict[str, Rate] = {}
+    for rate in rates:
+        base = first.setdefault(rate.model, rate)
+        ratio = rate.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0
+        lines.append(
+            f"{rate.model:<14} {rate.batch_size:>5} {rate.inflight:>9} {rate.tokens_per_s:>9.1f} "
+            f"{rate.requests_per_s:>11.2f} {ratio:>9.2f}x {rate.completion_tokens:>7} "
+            f"{rate.seconds:>8.1f} {rate.errors:>6}"
+        )
+    return "\n".join(lines)
+
+
+def run_backend_bench(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        sizes = [int(s) for s in str(args.batch_sizes).split(",") if s.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        print(f"laneway bench: --batch-sizes {args.batch_sizes!r} is not a list like 1,2,4,8")
+        return 2
+    prompts = bench_prompts(2 * max(sizes))  # two in flight of the largest batch
+
+    async def measure() -> list[Rate]:
+        rates: list[Rate] = []
+        for model in KNOWN_MODELS:
+            rates += await direct_rates(
+                settings.backend, model, sizes, prompts, args.max_tokens, args.backend, (1, 2)
+            )
+        return rates
+
+    rates = asyncio.run(measure())
+    print(
+        f"\nlaneway bench --backend {args.backend}: {len(prompts)} different prompts at "
+        f"every batch size, greedy, max_tokens {args.max_tokens}, "
+        f"n_threads {settings.backend.n_threads}; one batch at a time, and two in flight "
+        "as a lane worker keeps them; the ratio is tokens/s against batch 1, one at a time"
+    )
+    print(format_rates(rates))
+    return 1 if any(r.errors for r in rates) else 0
