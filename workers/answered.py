@@ -70,7 +70,8 @@ def attempt_event(
         latency_ms=result.timings.total_ms,
         ts_ms=int(time.time() * 1000),
     )
-    return Outbound(settings.topic("quality"), path.encode(), event.model_dump_json().encode())
+    # Keyed by request id, as every quality event: spread over the partitions.
+    return Outbound(settings.topic("quality"), result.id.encode(), event.model_dump_json().encode())
 
 
 def cached_result(routed: RoutedRequest, hit: CacheHit, lane: Lane, now_ms: int) -> InferenceResult:

@@ -54,19 +54,17 @@ def terminal_records(
     cache_key: str | None = None,
 ) -> list[Outbound]:
     """A terminal result: to the client's reply topic, to ``results``, and
-    its quality event to ``quality`` (keyed by path). ``cache_key``: the
-    cache entry the answer came from or is stored under."""
+    its quality event to ``quality`` (keyed by the result id, so the events
+    spread over every partition and the quality loop can scale out; see
+    ``streams.quality.loop``). ``cache_key``: the cache entry the answer
+    came from or is stored under."""
     key = result.id.encode()
     value = result.model_dump_json().encode()
     event = QualityEvent.of(result, tenant=tenant, ts_ms=now_ms, cache_key=cache_key)
     return [
         Outbound(reply_to, key, value),
         Outbound(settings.topic("results"), key, value),
-        Outbound(
-            settings.topic("quality"),
-            (result.path or "none").encode(),
-            event.model_dump_json().encode(),
-        ),
+        Outbound(settings.topic("quality"), key, event.model_dump_json().encode()),
     ]
 
 

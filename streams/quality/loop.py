@@ -2,24 +2,37 @@
 the quality events every terminal result emits, and publishes it for the
 classifiers' smart router.
 
-- ``laneway.quality`` (keyed by path) -> per-path ``PathStats`` in a faust
-  table with a changelog, so a restarted agent resumes from the record;
+Quality events are keyed by request id, so they spread over every
+partition of ``laneway.quality`` and the loop scales out: each replica folds
+the events of the partitions it owns.
+
+- ``laneway.quality`` -> per-(path, partition) ``PathStats`` in a faust
+  table with a changelog, keyed ``<path>@<partition>``: a partition's record
+  is written only from that partition, so it survives a restart or a move
+  to another replica whole. Each partition keeps ``success_window /
+  partitions`` outcomes, so the merged window is ``success_window`` long;
 - ``laneway.feedback`` (keyed by request id) -> joined to the path that
   answered that request (remembered in Redis for a day) and re-emitted to
-  ``laneway.quality`` keyed by path, so the table's partition owner folds it in;
+  ``laneway.quality`` keyed by the request id;
   a bad score (``LANEWAY_CACHE_EVICT_AT_FEEDBACK``) also evicts the cache
   entry the answer came from or was stored under, so it is not served again;
-- every ``weights_refresh_s``: the statistics go to Redis (``RouteBoard``)
-  and to metrics, and each lane's p95 latency to the ``LatencyBoard`` that
-  the classifier's flow controller reads.
+- every ``weights_refresh_s``: each replica writes the records of the
+  partitions it owns to Redis (``<prefix>:route:parts``, field
+  ``<path>@<partition>``), reads every replica's, merges them per path
+  (``merge``) and publishes the result (``RouteBoard``), so whichever replica
+  publishes last publishes the whole picture. Each lane's p95 latency goes to
+  the ``LatencyBoard`` the classifier's flow controller reads: every replica
+  sees a uniform sample of all results, so any replica's p95 will do.
 
-The agents are thin; the maths is ``streams.classify.router.PathStats``.
+The agents are thin; the maths is ``streams.classify.router.PathStats``
+and ``merge`` here.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -41,7 +54,17 @@ from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
 from streams.stores.backlog import LatencyBoard
 
-__all__ = ["Answered", "LaneLatency", "build_quality_app", "router_app_id"]
+__all__ = [
+    "Answered",
+    "LaneLatency",
+    "PartStats",
+    "build_quality_app",
+    "fold",
+    "merge",
+    "merge_all",
+    "partition_window",
+    "router_app_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +103,78 @@ class LaneLatency:
         return out
 
 
-def fold(stats: PathStats | None, event: QualityEvent, settings: Settings) -> PathStats:
-    """One event folded into a path's record (a fresh record for a new path)."""
+def fold(
+    stats: PathStats | None, event: QualityEvent, settings: Settings, *, window: int | None = None
+) -> PathStats:
+    """One event folded into a path's record (a fresh record for a new path).
+    ``window``: outcomes kept (default ``success_window``; one partition's
+    share of it in the loop, see ``partition_window``)."""
     routing = settings.routing
     if stats is None:
         stats = PathStats(latency_ms=event.latency_ms)
     if event.kind == "feedback" and event.feedback is not None:
         stats.feedback(event.feedback, weight=routing.feedback_weight)
     elif event.kind in ("result", "attempt"):
-        stats.observe(event, alpha=routing.ewma_alpha, window=routing.success_window)
+        stats.observe(event, alpha=routing.ewma_alpha, window=window or routing.success_window)
     return stats
+
+
+def partition_window(settings: Settings) -> int:
+    """Outcomes one partition keeps, so that the partitions together keep
+    ``success_window`` (events are spread evenly by request id)."""
+    return max(1, math.ceil(settings.routing.success_window / settings.kafka.partitions))
+
+
+@dataclass(slots=True)
+class PartStats:
+    """One partition's record of one path, and how much feedback it holds."""
+
+    stats: PathStats
+    feedbacks: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps({**_as_dict(self.stats), "feedbacks": self.feedbacks})
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> PartStats:
+        data = json.loads(raw)
+        return cls(PathStats.from_json(raw), int(data.get("feedbacks", 0)))
+
+
+def merge(parts: list[PartStats]) -> PathStats:
+    """One path's record from its partitions' records: every partition's
+    recent outcomes, latency weighted by each one's recent outcomes,
+    feedback quality weighted by each one's feedback, counts summed."""
+    parts = sorted(parts, key=lambda p: p.stats.updated_ms)
+    outcomes = [o for p in parts for o in p.stats.outcomes]
+    weights = [len(p.stats.outcomes) for p in parts]
+    if not any(weights):
+        weights = [1] * len(parts)
+    latency = sum(w * p.stats.latency_ms for w, p in zip(weights, parts, strict=True))
+    said = sum(p.feedbacks for p in parts)
+    quality = (
+        sum(p.feedbacks * p.stats.quality for p in parts) / said
+        if said
+        else min((p.stats.quality for p in parts), default=1.0)
+    )
+    return PathStats(
+        latency_ms=latency / sum(weights),
+        outcomes=outcomes,
+        quality=quality,
+        n=sum(p.stats.n for p in parts),
+        updated_ms=max((p.stats.updated_ms for p in parts), default=0),
+    )
+
+
+def merge_all(fields: dict[str, PartStats]) -> dict[Path, PathStats]:
+    """Every path's merged record from ``<path>@<partition>`` fields."""
+    by_path: dict[Path, list[PartStats]] = {}
+    for name, part in fields.items():
+        path_name, _, partition = name.partition("@")
+        if not partition or path_name not in {p.value for p in Path}:
+            continue
+        by_path.setdefault(Path(path_name), []).append(part)
+    return {path: merge(parts) for path, parts in by_path.items()}
 
 
 def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
@@ -105,6 +190,8 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
     quality = raw_topic(app, settings.topic("quality"))
     feedback = raw_topic(app, settings.topic("feedback"))
     table = app.Table("path-stats", default=None, partitions=settings.kafka.partitions)
+    window = partition_window(settings)
+    parts_key = f"{settings.redis.key_prefix}:route:parts"
     answered_key = f"{settings.redis.key_prefix}:answered:"
 
     send = raw_sender(app)
@@ -140,9 +227,13 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                     await _remember(redis, answered_key + quality_event.id, answer)
             if path is None or quality_event.kind == "drift":
                 continue
-            current = table.get(path.value)
-            stats = PathStats(**current) if current else None
-            table[path.value] = _as_dict(fold(stats, quality_event, settings))
+            # This partition's record of the path: written only from here.
+            key = f"{path.value}@{event.message.partition}"
+            current = table.get(key)
+            part = PartStats.from_json(json.dumps(current)) if current else None
+            stats = fold(part.stats if part else None, quality_event, settings, window=window)
+            feedbacks = (part.feedbacks if part else 0) + (quality_event.kind == "feedback")
+            table[key] = json.loads(PartStats(stats, feedbacks).to_json())
 
     @app.agent(feedback, concurrency=1)
     async def join_feedback(stream: faust.StreamT) -> None:
@@ -173,17 +264,39 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 feedback=verdict.score,
                 ts_ms=int(time.time() * 1000),
             )
-            out = Outbound(
-                settings.topic("quality"), path.value.encode(), joined.model_dump_json().encode()
+            out = Outbound(  # keyed by the request, as every quality event
+                settings.topic("quality"),
+                verdict.request_id.encode(),
+                joined.model_dump_json().encode(),
             )
             await deliver([out], send, settings)
 
     @app.timer(settings.routing.weights_refresh_s)
     async def publish() -> None:
-        snapshot = {}
+        owned = {
+            tp.partition for tp in app.consumer.assignment() if tp.topic == quality.get_topic_name()
+        }
+        mine: dict[str, str] = {}
         for name, value in list(table.items()):
-            if value:
-                snapshot[Path(name)] = PathStats(**value)
+            _, _, partition = str(name).partition("@")
+            if value and partition.isdigit() and int(partition) in owned:
+                mine[str(name)] = json.dumps(value)
+        try:
+            if mine:
+                await redis.hset(parts_key, mapping=mine)
+                await redis.expire(parts_key, 7 * 86_400)
+            everyone = await redis.hgetall(parts_key)
+        except (RedisError, OSError) as exc:
+            REDIS_ERRORS.labels("route").inc()
+            log.warning("route statistics not published: %s", exc)
+            return
+        fields = {}
+        for name, raw in everyone.items():
+            try:
+                fields[_text(name)] = PartStats.from_json(raw)
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("route statistics part %r unreadable: %s", name, exc)
+        snapshot = merge_all(fields)
         for path, stats in snapshot.items():
             PATH_LATENCY.labels(path.value).set(stats.latency_ms)
             PATH_SUCCESS.labels(path.value).set(stats.success_rate)
@@ -255,3 +368,7 @@ async def _recall(redis: Any, key: str) -> Answered | None:
         log.debug("feedback join failed: %s", exc)
         return None
     return Answered.from_json(raw) if raw else None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

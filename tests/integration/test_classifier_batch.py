@@ -305,3 +305,35 @@ async def test_a_paraphrase_right_after_its_original_was_stored_hits_at_once(
     assert paraphrase.path == Path.CACHE, paraphrase
     assert paraphrase.model == "cache:semantic:smollm2-135m"
     assert paraphrase.output == f"The blue whale {tag}."
+
+
+async def test_quality_events_spread_over_partitions_and_merge_into_route_statistics(
+    classifier_stack: Settings,
+) -> None:
+    settings = classifier_stack
+    tag = uuid.uuid4().hex[:6]
+    async with LanewayClient(settings.kafka, client_id=f"t-{tag}") as client:
+        answers = await asyncio.gather(*(client.ask("ping", timeout_s=60) for _ in range(24)))
+    assert all(a.path == Path.RULES for a in answers)
+    quality = await read_topic(settings, settings.topic("quality"))
+    mine = [r for r in quality if json.loads(r.value)["id"] in {a.id for a in answers}]
+    assert {r.key for r in mine} == {a.id.encode() for a in answers}  # keyed by request id
+    assert len({r.partition for r in mine}) > 1
+    redis = settings.redis.client()
+    prefix = settings.redis.key_prefix
+    try:
+        merged, parts = None, {}
+        for _ in range(40):  # published every weights_refresh_s
+            parts = await redis.hgetall(f"{prefix}:route:parts")
+            raw = await redis.hget(f"{prefix}:route:stats", "rules")
+            merged = json.loads(raw) if raw else None
+            if merged and merged["n"] >= 24 and len(parts) > 1:
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        await redis.aclose()
+    rules_parts = sorted(k.decode() for k in parts if k.startswith(b"rules@"))
+    assert len(rules_parts) > 1, parts  # one record per partition that saw rule answers
+    assert merged is not None and merged["n"] == sum(
+        json.loads(parts[k.encode()])["n"] for k in rules_parts
+    )

@@ -56,7 +56,7 @@ def test_rule_answer_goes_to_client_results_and_quality() -> None:
     result = InferenceResult.model_validate_json(reply.value)
     assert result.status == "ok" and result.path == "rules" and result.model == "rules:greeting"
     assert reply.value == results.value
-    assert quality.topic == "laneway.quality" and quality.key == b"rules"
+    assert quality.topic == "laneway.quality" and quality.key == b"req-1"  # spread by id
     assert QualityEvent.model_validate_json(quality.value).success
 
 

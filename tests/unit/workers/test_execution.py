@@ -302,7 +302,7 @@ async def test_paths_that_failed_before_a_fallback_are_reported_for_the_quality_
     assert [(path, error.code) for path, error in done.failed] == [(Path.HEAVY, "INF-502")]
     (out,) = attempt_events(done, Settings())
     event = QualityEvent.model_validate_json(out.value)
-    assert out.topic == "laneway.quality" and out.key == b"heavy"
+    assert out.topic == "laneway.quality" and out.key == done.result.id.encode()  # by id
     assert (event.kind, event.path, event.success, event.error_code) == (
         "attempt",
         Path.HEAVY,
