@@ -82,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
         "--settle-s", type=float, default=5.0, help="--overload: pause between steps"
     )
     bench.add_argument(
+        "--classifier",
+        action="store_true",
+        help="one classifier process alone: rule, exact-cache and semantic answers per second",
+    )
+    bench.add_argument(
         "--batch",
         type=int,
         metavar="N",
@@ -245,6 +250,11 @@ def _bench(settings: Settings, args: argparse.Namespace) -> int:
         from streams.tools.bench_compare import compare
 
         return compare(settings, args)
+
+    if args.classifier:
+        from streams.tools.bench_classifier import run_classifier_bench
+
+        return run_classifier_bench(settings, args)
 
     if args.backend:
         from streams.tools.bench_backend import run_backend_bench

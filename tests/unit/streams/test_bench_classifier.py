@@ -1,0 +1,54 @@
+"""``laneway bench --classifier``'s pure parts: the workload and the table."""
+
+from __future__ import annotations
+
+import os
+
+from schemas.messages import InferenceResult, Path
+from streams.tools.bench_classifier import (
+    PHASES,
+    PhaseRow,
+    cpu_seconds,
+    expected_kind,
+    format_rows,
+    phase_requests,
+)
+from streams.tools.cli import _parser
+
+
+def test_each_phase_has_unique_ids_and_its_own_prompts() -> None:
+    bodies = {phase: phase_requests(phase, 10, "t") for phase in PHASES}
+    ids = [b["id"] for phase in PHASES for b in bodies[phase]]
+    assert len(ids) == len(set(ids)) == 30
+    assert bodies["rules"][0]["prompt"] == "Hello!"
+    assert {b["prompt"] for b in bodies["semantic"]} & {
+        b["prompt"] for b in bodies["exact"]
+    } == set()
+
+
+def test_answers_count_only_when_they_came_the_way_the_phase_measures() -> None:
+    def result(path: Path, model: str) -> InferenceResult:
+        return InferenceResult(id="x", status="ok", output="o", path=path, model=model)
+
+    assert expected_kind("rules", result(Path.RULES, "rules:greeting"))
+    assert expected_kind("exact", result(Path.CACHE, "cache:exact:m"))
+    assert not expected_kind("semantic", result(Path.CACHE, "cache:exact:m"))
+    assert expected_kind("semantic", result(Path.CACHE, "cache:semantic:m"))
+
+
+def test_the_table_shows_rates_and_cpu_per_request() -> None:
+    row = PhaseRow("this", "rules", 100, 100, 100, 0.05, cpu_s=0.02)
+    assert row.rps == 2000.0 and row.cpu_us == 200.0
+    table = format_rows([row, PhaseRow("baseline", "exact", 10, 9, 9, 1.0)])
+    assert "2000.0" in table and "200" in table and table.splitlines()[-1].endswith("-")
+
+
+def test_cpu_seconds_of_this_process() -> None:
+    spent = cpu_seconds(os.getpid())
+    assert spent is None or spent > 0
+    assert cpu_seconds(-1) is None
+
+
+def test_the_command_line_reaches_it() -> None:
+    args = _parser().parse_args(["bench", "--classifier", "-n", "5000"])
+    assert args.classifier and args.requests == 5000
