@@ -112,6 +112,7 @@ class JobTracker:
         self.mover = Mover(self.store, producer, settings)
         self.producer = producer
         self.resent = 0
+        self.failing = False
         self.results_topic = settings.topic("results")
         self.requests_topic = settings.topic("requests")
         self.recorded = 0
@@ -169,14 +170,31 @@ class JobTracker:
                 if loop.time() >= next_sweep:
                     next_sweep = loop.time() + self.settings.batch.sweep_interval_s
                     await self.sweep()
-            except Exception:  # Redis or broker trouble: read the records again
-                log.exception(
-                    "batch tracker: could not record %d records; reading again", len(records)
-                )
+            except Exception as exc:  # Redis or broker trouble: read the records again
+                self._failed(exc, len(records))
                 for tp, batch in polled.items():
                     if batch:
                         consumer.seek(tp, batch[0].offset)
                 await asyncio.sleep(1.0)
+            else:
+                if self.failing:
+                    self.failing = False
+                    log.info("batch tracker: recording again")
+
+    def _failed(self, exc: Exception, n: int) -> None:
+        """Logged once per outage (with its cause), not once a second."""
+        if self.failing:
+            log.debug("batch tracker: still failing: %s", exc)
+            return
+        self.failing = True
+        log.warning(
+            "batch tracker: could not record %d records (%s: %s); reading them again until "
+            "it works",
+            n,
+            type(exc).__name__,
+            exc,
+            exc_info=True,
+        )
 
 
 async def serve_tracker(settings: Settings, state: ProcessState) -> None:

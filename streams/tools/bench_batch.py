@@ -36,6 +36,9 @@ from streams.tools.bench import NO_CACHE, _percentile, warm_up
 __all__ = ["batch_file", "run_batch_bench"]
 
 TARGET_RISE = 0.25
+BATCH_WAIT_S = 900.0
+"""The figures are printed for what finished by then (a batch held back by
+flow control, say)."""
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "black", "white"]
 
 
@@ -129,12 +132,14 @@ async def bench(
         await asyncio.sleep(2.0)  # the batch is on the bulk lane before the clock starts
         loaded = await realtime_load(client, "with batch", rps, window_s, args.max_tokens)
         job = await submitting
-        while not job.final:
+        give_up = time.perf_counter() + BATCH_WAIT_S
+        while not job.final and time.perf_counter() < give_up:
             await asyncio.sleep(0.5)
             job = await get_job(settings, job.id) or job
         seconds = time.perf_counter() - started
     tokens = await _tokens(settings, job, n)
     figures = {
+        "finished": 1.0 if job.final else 0.0,
         "seconds": seconds,
         "req_s": (job.counts.done + job.counts.failed) / seconds,
         "tok_s": tokens / seconds,
@@ -153,7 +158,8 @@ def format_batch_bench(
         f"{args.rt_rps:g} req/s for {args.window_s:g} s alone, then again during the batch",
         f"batch: {f['done'] + f['failed']:.0f} requests ({f['done']:.0f} ok, {f['failed']:.0f} "
         f"failed) in {f['seconds']:.1f} s: {f['req_s']:.2f} req/s, {f['tok_s']:.1f} "
-        f"completion tokens/s ({f['tokens']:.0f} tokens)",
+        f"completion tokens/s ({f['tokens']:.0f} tokens)"
+        + ("" if f["finished"] else f"; NOT FINISHED after {BATCH_WAIT_S:.0f} s"),
         "",
         "{:12} {:>4} {:>4} {:>4} {:>9} {:>9} {:>9}".format(
             "realtime", "n", "err", "lost", "p50 ms", "p95 ms", "p99 ms"
