@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, cast
@@ -132,8 +133,7 @@ def build_app(
         sessions and metrics."""
         await deliver([r for c in outcomes for r in c.records], produce, settings)
         await lookups.remember(outcomes)
-        for classified in outcomes:
-            _observe(classified)
+        _observe(outcomes)
 
     async def ack(stream: faust.StreamT, events: Sequence[Any]) -> None:
         """Every output of the batch is acknowledged: its offsets may move."""
@@ -243,14 +243,25 @@ def _choice(decision: Decision) -> str:
     return "explored" if decision.explored else "scored"
 
 
-def _observe(classified: Classified) -> None:
-    RECORDS.labels("classifier", classified.outcome).inc()
-    decision = classified.decision
-    if classified.outcome == "routed" and decision is not None:
-        ROUTED.labels(str(decision.lane), str(decision.path), _choice(decision)).inc()
-    result = classified.result
-    if result is not None:
-        lane, path = str(result.lane or "none"), str(result.path or "none")
-        code = result.error.code if result.error else ""
-        RESULTS.labels(lane, path, result.status, code).inc()
-        LATENCY.labels(lane, path).observe(result.timings.total_ms / 1000)
+def _observe(outcomes: Sequence[Classified]) -> None:
+    """Metrics of a wave: counts added once per label set, not per record
+    (``labels()`` is a locked dictionary lookup; thousands a second add up)."""
+    counts: Counter[tuple[Any, tuple[str, ...]]] = Counter()
+    latencies: dict[tuple[str, str], list[float]] = {}
+    for classified in outcomes:
+        counts[(RECORDS, ("classifier", classified.outcome))] += 1
+        decision = classified.decision
+        if classified.outcome == "routed" and decision is not None:
+            counts[(ROUTED, (str(decision.lane), str(decision.path), _choice(decision)))] += 1
+        result = classified.result
+        if result is not None:
+            lane, path = str(result.lane or "none"), str(result.path or "none")
+            code = result.error.code if result.error else ""
+            counts[(RESULTS, (lane, path, result.status, code))] += 1
+            latencies.setdefault((lane, path), []).append(result.timings.total_ms / 1000)
+    for (metric, labels), n in counts.items():
+        metric.labels(*labels).inc(n)
+    for labels, seconds in latencies.items():
+        histogram = LATENCY.labels(*labels)
+        for value in seconds:
+            histogram.observe(value)

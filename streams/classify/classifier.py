@@ -1,9 +1,10 @@
 """The classifier's decision for one request record, as pure functions.
 
 The faust agent (``streams.classify.app``) decodes nothing itself. ``admit`` turns a
-raw record into an accepted request or a refusal; the agent then asks
-Redis what it needs (rate limit, session history, cache, rule lookups)
-and ``route`` turns the request and what was found into the records to
+raw record into an accepted request or a refusal; the batch pipeline
+(``streams.classify.batch``) then asks Redis what a whole batch needs (rate
+limits, session histories, cache, rule lookups) in one round trip, and
+``route`` turns each request and what was found into the records to
 produce. Outcomes:
 
 - invalid record       -> DLQ, plus an INF-400 result when id and reply topic can be read
