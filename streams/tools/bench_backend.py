@@ -40,11 +40,18 @@ class Rate:
     requests: int
     completion_tokens: int
     seconds: float
+    cpu_seconds: float
+    """CPU time of the whole process: on a shared machine, less swayed by
+    the other processes than the wall clock."""
     errors: int = 0
 
     @property
     def tokens_per_s(self) -> float:
         return self.completion_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return self.completion_tokens / self.cpu_seconds if self.cpu_seconds else 0.0
 
     @property
     def requests_per_s(self) -> float:
@@ -108,26 +115,28 @@ async def _timed(
                 elif isinstance(outcome, LanewayError):
                     errors += 1
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one(inputs[at : at + size]) for at in range(0, len(inputs), size)))
-    seconds = time.perf_counter() - started
-    return Rate(model, size, depth, len(inputs), tokens, seconds, errors)
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    return Rate(model, size, depth, len(inputs), tokens, seconds, cpu, errors)
 
 
 def format_rates(rates: Sequence[Rate]) -> str:
     header = (
         f"{'model':<14} {'batch':>5} {'in flight':>9} {'tokens/s':>9} {'requests/s':>11} "
-        f"{'vs batch 1':>10} {'tokens':>7} {'seconds':>8} {'errors':>6}"
+        f"{'vs batch 1':>10} {'tokens/cpu-s':>12} {'vs batch 1':>10} {'tokens':>7} "
+        f"{'seconds':>8} {'errors':>6}"
     )
     lines = [header, "-" * len(header)]
     first: dict[str, Rate] = {}
     for rate in rates:
         base = first.setdefault(rate.model, rate)
-        ratio = rate.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0
+        wall = rate.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0
+        cpu = rate.tokens_per_cpu_s / base.tokens_per_cpu_s if base.tokens_per_cpu_s else 0.0
         lines.append(
             f"{rate.model:<14} {rate.batch_size:>5} {rate.inflight:>9} {rate.tokens_per_s:>9.1f} "
-            f"{rate.requests_per_s:>11.2f} {ratio:>9.2f}x {rate.completion_tokens:>7} "
-            f"{rate.seconds:>8.1f} {rate.errors:>6}"
+            f"{rate.requests_per_s:>11.2f} {wall:>9.2f}x {rate.tokens_per_cpu_s:>12.1f} "
+            f"{cpu:>9.2f}x {rate.completion_tokens:>7} {rate.seconds:>8.1f} {rate.errors:>6}"
         )
     return "\n".join(lines)
 
@@ -155,7 +164,9 @@ def run_backend_bench(settings: Settings, args: argparse.Namespace) -> int:
         f"\nlaneway bench --backend {args.backend}: {len(prompts)} different prompts at "
         f"every batch size, greedy, max_tokens {args.max_tokens}, "
         f"n_threads {settings.backend.n_threads}; one batch at a time, and two in flight "
-        "as a lane worker keeps them; the ratio is tokens/s against batch 1, one at a time"
+        "as a lane worker keeps them; ratios against batch 1, one at a time (tokens per CPU "
+        "second: the same work measured by the process's CPU time, which the machine's other "
+        "processes sway less than the wall clock)"
     )
     print(format_rates(rates))
     return 1 if any(r.errors for r in rates) else 0

@@ -15,9 +15,11 @@ three choices, each measured here on SmolLM2 or Gemma-3: separate KV
 caches (in a unified one a sequence's logits moved with the cells its
 neighbours filled); weights loaded without llama.cpp's repacking (its Q4_K
 kernels compute rows 4 at a time, so a row's result depended on the step's
-size); and the batch laid out in runs of consecutive seq ids, lowest free id
-first (llama.cpp splits a step into one ubatch per run: out of order, a
-batch of 8 decoded no faster than one at a time).
+size). And llama.cpp computes each run of consecutive seq ids in a step as
+a ubatch of its own, so the sequences in flight are kept on ids 0..n-1: a
+new one takes the lowest free id, the highest moves into an id freed below
+it (its KV cache copied whole), and the batch is laid out in id order (with
+holes, 4 sequences on ids 0, 2, 4, 6 cost Gemma as much CPU as 8 on 0..7).
 
 Callers ``submit`` sequences from any thread and get a future per sequence.
 Between steps the thread admits waiting sequences, oldest first, while a
@@ -173,6 +175,8 @@ class BatchDecoder:
         self._pieces: dict[int, bytes] = {}
         self.peak_sequences = 0
         """Most sequences that were ever decoded together (for tests and the bench)."""
+        self.moved_sequences = 0
+        """Sequences moved to a lower seq id (``_compact``)."""
         self._llama: Any = None
         self._model: Any = None
         self._ctx: Any = None
@@ -367,7 +371,24 @@ class BatchDecoder:
             self._active.append(seq)
         self.peak_sequences = max(self.peak_sequences, len(self._active))
 
+    def _compact(self) -> None:
+        """Keep the sequences in flight on seq ids 0..n-1 (llama.cpp computes
+        each run of consecutive ids as a ubatch of its own): the highest moves
+        into the lowest free id, its KV cache copied whole."""
+        while self._active and self._free_slots:
+            top = max(self._active, key=lambda q: q.slot)
+            hole = min(self._free_slots)
+            if hole > top.slot:
+                return
+            llama_cpp.llama_memory_seq_cp(self._mem, top.slot, hole, -1, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, top.slot, -1, -1)
+            self._free_slots.remove(hole)
+            self._free_slots.append(top.slot)
+            top.slot = hole
+            self.moved_sequences += 1
+
     def _step(self) -> None:
+        self._compact()
         batch = self._batch
         planned = plan_step([len(seq.todo) for seq in self._active], self._n_batch)
         counts = dict(zip(self._active, planned, strict=True))

@@ -81,6 +81,16 @@ def test_a_stop_string_ends_its_own_sequence_only(decoder: BatchDecoder) -> None
     assert other_batched == other_alone
 
 
+def test_a_sequence_moved_to_a_freed_seq_id_answers_as_before(decoder: BatchDecoder) -> None:
+    short = SequenceRequest(chat("Say hi."), max_tokens=2)
+    longs = [SequenceRequest(chat(q), max_tokens=20) for q in ("Name a fruit.", "Why?")]
+    alone = [decoded(run(decoder, r)[0]) for r in longs]
+    moved = decoder.moved_sequences
+    together = [decoded(r) for r in run(decoder, short, *longs)]
+    assert decoder.moved_sequences > moved  # the last one took the short one's seq id
+    assert together[1:] == alone
+
+
 def test_a_deadline_cuts_its_own_sequence_only(decoder: BatchDecoder) -> None:
     prompt = chat("Write a long story about the sea.")
     hurried = SequenceRequest(prompt, max_tokens=200, deadline=time.monotonic() + 0.3)
