@@ -35,6 +35,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -86,19 +87,34 @@ def router_app_id(settings: Settings) -> str:
 
 
 class LaneLatency:
-    """The most recent result latencies per lane, for their p95."""
+    """The most recent result latencies per lane, for their p95: at most
+    ``size`` per lane, none older than ``max_age_s``. A lane with no recent
+    result has no p95, so the flow controller's latency level falls once its
+    traffic stops instead of holding the last busy figure for ever."""
 
-    def __init__(self, size: int = 200) -> None:
-        self._samples: dict[Lane, deque[float]] = {lane: deque(maxlen=size) for lane in Lane}
+    def __init__(
+        self,
+        size: int = 200,
+        max_age_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._samples: dict[Lane, deque[tuple[float, float]]] = {
+            lane: deque(maxlen=size) for lane in Lane
+        }
+        self._max_age_s = max_age_s
+        self._clock = clock
 
     def add(self, lane: Lane, latency_ms: float) -> None:
-        self._samples[lane].append(latency_ms)
+        self._samples[lane].append((self._clock(), latency_ms))
 
     def p95(self) -> dict[Lane, float]:
         out = {}
+        oldest = self._clock() - self._max_age_s
         for lane, samples in self._samples.items():
+            while samples and samples[0][0] < oldest:
+                samples.popleft()
             if samples:
-                ordered = sorted(samples)
+                ordered = sorted(latency for _, latency in samples)
                 out[lane] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
         return out
 

@@ -164,3 +164,20 @@ def test_lane_p95() -> None:
     for i in range(1, 101):
         lanes.add(Lane.REALTIME, float(i))
     assert lanes.p95() == {Lane.REALTIME: 96.0}
+
+
+def test_a_lane_whose_traffic_stopped_has_no_p95() -> None:
+    """A busy minute's p95 must not hold the flow controller's latency
+    level up once the lane is quiet (it held bulk shed for good)."""
+    now = [0.0]
+    lanes = LaneLatency(size=100, max_age_s=30.0, clock=lambda: now[0])
+    for i in range(10):
+        lanes.add(Lane.REALTIME, 25_000.0)
+        lanes.add(Lane.BULK, 1_000.0 + i)
+    now[0] = 20.0
+    lanes.add(Lane.BULK, 2_000.0)
+    assert lanes.p95() == {Lane.REALTIME: 25_000.0, Lane.BULK: 2_000.0}
+    now[0] = 31.0
+    assert lanes.p95() == {Lane.BULK: 2_000.0}
+    now[0] = 51.0
+    assert lanes.p95() == {}
