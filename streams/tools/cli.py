@@ -103,6 +103,17 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--batch-sizes", default="1,2,4,8,16", help="--backend: batch sizes, comma-separated"
     )
+    bench.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="one model called directly, then through Kafka and a bulk worker: efficiency",
+    )
+    bench.add_argument(
+        "--path", choices=["light", "heavy"], default="heavy", help="--pipeline: which model"
+    )
+    bench.add_argument(
+        "--pipeline-batch", type=int, default=8, help="--pipeline: the bulk lane's batch size"
+    )
 
     prewarm = sub.add_parser(
         "prewarm", help="refresh the cache entries of the most asked questions (nightly)"
@@ -260,6 +271,11 @@ def _bench(settings: Settings, args: argparse.Namespace) -> int:
         from streams.tools.bench_backend import run_backend_bench
 
         return run_backend_bench(settings, args)
+
+    if args.pipeline:
+        from streams.tools.bench_pipeline import run_pipeline_bench
+
+        return run_pipeline_bench(settings, args)
 
     if args.batch:
         from streams.tools.bench_batch import run_batch_bench
