@@ -311,9 +311,13 @@ class ClassifierSettings(BaseSettings):
     batch_max: int = Field(default=256, ge=1, le=10_000)
     """Most request records classified together: one Redis round trip, one
     embedding call and one gathered produce per batch."""
-    batch_wait_ms: int = Field(default=5, ge=1, le=1_000)
+    batch_wait_ms: int = Field(default=10, ge=1, le=1_000)
     """Longest the classifier waits for a batch to fill before it works on
-    what it has: the latency a lone request pays for batching."""
+    what it has: the latency a lone request pays for batching. faust hands
+    the batch its records one event-loop turn each, and only while the agent
+    waits, so a longer wait makes larger batches under load (measured on
+    two cores: 5 ms gave batches of ~16 and ~1,200 rule answers/s, 10 ms ~48
+    and ~1,850/s, 50 ms ~190 and no more answers/s)."""
 
 
 class CacheSettings(BaseSettings):

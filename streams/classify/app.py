@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any, cast
 
 import faust
+from prometheus_client import Histogram
 
 from schemas.messages import Lane, QualityEvent
 from schemas.settings import Settings
@@ -50,6 +51,12 @@ from streams.stores.backlog import BacklogBoard, LatencyBoard
 __all__ = ["build_app", "source_record"]
 
 log = logging.getLogger(__name__)
+
+BATCH_SIZE = Histogram(
+    "laneway_classifier_batch_size",
+    "Request records the classifier took in one batch",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+)
 
 
 def source_record(event: Any) -> SourceRecord:
@@ -116,6 +123,7 @@ def build_app(
         taking = cast(faust.Stream, stream).noack_take(take.batch_max, within=within)
         pipeline = Pipeline()  # batch N is produced and acked while N+1 is looked up
         async for events in taking:
+            BATCH_SIZE.observe(len(events))
             records = [source_record(event) for event in events]
             waves = batches.classify_waves(records, before=pipeline.clear_of)
             done = 0

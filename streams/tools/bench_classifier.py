@@ -77,10 +77,16 @@ class PhaseRow:
     seconds: float
     cpu_s: float | None = None
     """CPU time the classifier process used in the phase (Linux only)."""
+    batches: float | None = None
+    """Batches the classifier took in the phase (from its /metrics)."""
 
     @property
     def rps(self) -> float:
         return self.answered / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_batch(self) -> float | None:
+        return self.answered / self.batches if self.batches else None
 
     @property
     def cpu_us(self) -> float | None:
@@ -114,14 +120,15 @@ def expected_kind(phase: str, result: InferenceResult) -> bool:
 def format_rows(rows: Sequence[PhaseRow]) -> str:
     head = (
         f"{'classifier':12} {'phase':9} {'sent':>6} {'answered':>8} {'as meant':>8} "
-        f"{'req/s':>9} {'cpu us/req':>10}"
+        f"{'req/s':>9} {'cpu us/req':>10} {'batch':>6}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         cpu = f"{r.cpu_us:10.0f}" if r.cpu_us is not None else f"{'-':>10}"
+        batch = f"{r.mean_batch:6.1f}" if r.mean_batch is not None else f"{'-':>6}"
         lines.append(
             f"{r.label:12} {r.phase:9} {r.sent:6d} {r.answered:8d} {r.expected:8d} "
-            f"{r.rps:9.1f} {cpu}"
+            f"{r.rps:9.1f} {cpu} {batch}"
         )
     return "\n".join(lines)
 
@@ -133,6 +140,20 @@ def cpu_seconds(pid: int) -> float | None:
     except (OSError, IndexError):
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def batches_taken(port: int) -> float | None:
+    """``laneway_classifier_batch_size_count`` from the classifier's
+    /metrics (``None`` for a classifier without it, e.g. the baseline)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("laneway_classifier_batch_size_count"):
+            return float(line.split()[-1])
+    return None
 
 
 def _ready(port: int) -> bool:
@@ -281,6 +302,7 @@ async def _phase(
     ids = {body["id"] for body in bodies}
     pid = classifier.proc.pid if classifier.proc is not None else -1
     cpu_before = cpu_seconds(pid)
+    batches_before = batches_taken(classifier.port)
     started = time.perf_counter()
     futures = [
         await producer.send(topic, json.dumps(body).encode(), key=body["id"].encode())
@@ -289,11 +311,19 @@ async def _phase(
     await asyncio.gather(*futures)
     await replies.wait_for(ids)
     cpu_after = cpu_seconds(pid)
+    batches_after = batches_taken(classifier.port)
     answered = [replies.seen[i] for i in ids if i in replies.seen]
     finished = max((at for at, _ in answered), default=started)
     meant = sum(expected_kind(phase, result) for _, result in answered)
     cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
-    return PhaseRow(classifier.label, phase, n, len(answered), meant, finished - started, cpu)
+    batches = (
+        batches_after - batches_before
+        if batches_after is not None and batches_before is not None
+        else None
+    )
+    return PhaseRow(
+        classifier.label, phase, n, len(answered), meant, finished - started, cpu, batches
+    )
 
 
 async def _measure(classifier: Classifier, n: int) -> list[PhaseRow]:
