@@ -10,16 +10,19 @@ every llama.cpp call: it loads the model, tokenizes, and runs ONE
 generating sequence, and the prompt chunks of newly admitted ones in what is
 left of ``n_batch``.
 
-A greedy answer does not depend on what it was batched with. That took
-three choices, each measured here on SmolLM2 or Gemma-3: separate KV
-caches (in a unified one a sequence's logits moved with the cells its
-neighbours filled); weights loaded without llama.cpp's repacking (its Q4_K
-kernels compute rows 4 at a time, so a row's result depended on the step's
-size). And llama.cpp computes each run of consecutive seq ids in a step as
-a ubatch of its own, so the sequences in flight are kept on ids 0..n-1: a
-new one takes the lowest free id, the highest moves into an id freed below
-it (its KV cache copied whole), and the batch is laid out in id order (with
-holes, 4 sequences on ids 0, 2, 4, 6 cost Gemma as much CPU as 8 on 0..7).
+A greedy SmolLM2 answer does not depend on what it was batched with (32 of
+32 bench prompts alike at batch 8 and 16); a Gemma-3 answer mostly does not
+(24-28 of 32: its logits still move a little with the other sequences in a
+step). That took two choices, each measured here: separate KV caches (in a
+unified one a sequence's logits moved with the cells its neighbours filled)
+and weights loaded without llama.cpp's repacking (its Q4_K kernels compute
+rows 4 at a time, so a row's result depended on the step's size).
+
+llama.cpp computes each run of consecutive seq ids in a step as a ubatch of
+its own, so the sequences in flight are kept on ids 0..n-1: a new one takes
+the lowest free id, the highest moves into an id freed below it (its KV
+cache copied whole), and the batch is laid out in id order (with holes, 4
+sequences on ids 0, 2, 4, 6 cost Gemma as much CPU as 8 on 0..7).
 
 Callers ``submit`` sequences from any thread and get a future per sequence.
 Between steps the thread admits waiting sequences, oldest first, while a
