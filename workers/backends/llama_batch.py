@@ -34,6 +34,7 @@ long batch runs starts at the next step, and a short one finishes first.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import logging
 import threading
@@ -135,8 +136,8 @@ class _Sequence:
 
 
 def _resolve(future: concurrent.futures.Future[Result], result: Result) -> None:
-    if not future.done():  # a cancelled caller no longer listens
-        future.set_result(result)
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        future.set_result(result)  # unless its caller cancelled it meanwhile
 
 
 class BatchDecoder:
