@@ -137,3 +137,12 @@ async def test_close_answers_what_is_in_flight_and_health_follows() -> None:
     assert not await backend.check_health()
     with pytest.raises(BackendUnavailable):
         await backend.infer_batch([ask("Hi")])
+
+
+async def test_a_decoder_that_stopped_is_loaded_again(smollm2: LlamaCppBackend) -> None:
+    stopped = smollm2._decoder
+    assert stopped is not None
+    await asyncio.to_thread(stopped.close)  # as when its thread fails
+    (outcome,) = await smollm2.infer_batch([ask("Say hi.", 4)])
+    assert generation(outcome).completion_tokens > 0
+    assert smollm2._decoder is not stopped and await smollm2.check_health()

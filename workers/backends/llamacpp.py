@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ from workers.backends.llama_batch import BatchDecoder, Decoded, SequenceRequest
 from workers.models import prompt_style, resolve_gguf
 
 __all__ = ["TRANSCRIPT_STOPS", "LlamaCppBackend", "Prompt", "as_transcript"]
+
+log = logging.getLogger(__name__)
 
 TRANSCRIPT_STOPS = ("\nQuestion:", "\n\n")
 """Where a transcript answer ends: the model starting the next question."""
@@ -94,6 +97,13 @@ class LlamaCppBackend:
         decoder = self._decoder
         if decoder is None:
             raise BackendUnavailable(f"model {self.model} is not loaded")
+        if not decoder.alive:  # its thread failed (and failed what it held): start afresh
+            log.error("the llama.cpp decoder of %s stopped; loading it again", self.model)
+            self._decoder = None
+            await asyncio.to_thread(decoder.close)
+            await self.load()
+            decoder = self._decoder
+            assert decoder is not None
         outcomes: dict[int, Outcome] = {}
         requests: list[tuple[int, Prompt, SequenceRequest]] = []
         for i, item in enumerate(inputs):
