@@ -9,8 +9,10 @@ the events of the partitions it owns.
 - ``laneway.quality`` -> per-(path, partition) ``PathStats`` in a faust
   table with a changelog, keyed ``<path>@<partition>``: a partition's record
   is written only from that partition, so it survives a restart or a move
-  to another replica whole. Each partition keeps ``success_window /
-  partitions`` outcomes, so the merged window is ``success_window`` long;
+  to another replica whole. Each record keeps the time of each of its
+  recent outcomes, so the merge takes the newest ``success_window``
+  outcomes of all partitions together: the window the router sees is as
+  long and as recent as one partition's was when events were keyed by path;
 - ``laneway.feedback`` (keyed by request id) -> joined to the path that
   answered that request (remembered in Redis for a day) and re-emitted to
   ``laneway.quality`` keyed by the request id;
@@ -32,11 +34,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import faust
@@ -60,10 +61,10 @@ __all__ = [
     "LaneLatency",
     "PartStats",
     "build_quality_app",
+    "counts_outcome",
     "fold",
     "merge",
     "merge_all",
-    "partition_window",
     "router_app_id",
 ]
 
@@ -119,51 +120,66 @@ class LaneLatency:
         return out
 
 
-def fold(
-    stats: PathStats | None, event: QualityEvent, settings: Settings, *, window: int | None = None
-) -> PathStats:
-    """One event folded into a path's record (a fresh record for a new path).
-    ``window``: outcomes kept (default ``success_window``; one partition's
-    share of it in the loop, see ``partition_window``)."""
+def fold(stats: PathStats | None, event: QualityEvent, settings: Settings) -> PathStats:
+    """One event folded into a path's record (a fresh record for a new path)."""
     routing = settings.routing
     if stats is None:
         stats = PathStats(latency_ms=event.latency_ms)
     if event.kind == "feedback" and event.feedback is not None:
         stats.feedback(event.feedback, weight=routing.feedback_weight)
     elif event.kind in ("result", "attempt"):
-        stats.observe(event, alpha=routing.ewma_alpha, window=window or routing.success_window)
+        stats.observe(event, alpha=routing.ewma_alpha, window=routing.success_window)
     return stats
 
 
-def partition_window(settings: Settings) -> int:
-    """Outcomes one partition keeps, so that the partitions together keep
-    ``success_window`` (events are spread evenly by request id)."""
-    return max(1, math.ceil(settings.routing.success_window / settings.kafka.partitions))
+def counts_outcome(event: QualityEvent) -> bool:
+    """Whether ``PathStats.observe`` adds an outcome for ``event``."""
+    return event.kind in ("result", "attempt") and event.error_code not in ("INF-429", "INF-400")
 
 
 @dataclass(slots=True)
 class PartStats:
-    """One partition's record of one path, and how much feedback it holds."""
+    """One partition's record of one path: its ``PathStats``, when each of
+    its outcomes happened (``ts_ms``, aligned with ``stats.outcomes``) and how
+    much feedback it holds."""
 
     stats: PathStats
     feedbacks: int = 0
+    ts_ms: list[int] = field(default_factory=list)
+
+    def fold(self, event: QualityEvent, settings: Settings) -> None:
+        self.stats = fold(self.stats, event, settings)
+        if counts_outcome(event):
+            self.ts_ms.append(event.ts_ms)
+            self.ts_ms = self.ts_ms[-len(self.stats.outcomes) :]
+        if event.kind == "feedback":
+            self.feedbacks += 1
 
     def to_json(self) -> str:
-        return json.dumps({**_as_dict(self.stats), "feedbacks": self.feedbacks})
+        return json.dumps({**_as_dict(self.stats), "feedbacks": self.feedbacks, "ts": self.ts_ms})
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> PartStats:
         data = json.loads(raw)
-        return cls(PathStats.from_json(raw), int(data.get("feedbacks", 0)))
+        stats = PathStats.from_json(raw)
+        ts = [int(t) for t in data.get("ts", [])]
+        if len(ts) != len(stats.outcomes):  # written before times were kept
+            ts = [stats.updated_ms] * len(stats.outcomes)
+        return cls(stats, int(data.get("feedbacks", 0)), ts)
 
 
-def merge(parts: list[PartStats]) -> PathStats:
-    """One path's record from its partitions' records: every partition's
-    recent outcomes, latency weighted by each one's recent outcomes,
-    feedback quality weighted by each one's feedback, counts summed."""
-    parts = sorted(parts, key=lambda p: p.stats.updated_ms)
-    outcomes = [o for p in parts for o in p.stats.outcomes]
-    weights = [len(p.stats.outcomes) for p in parts]
+def merge(parts: list[PartStats], window: int) -> PathStats:
+    """One path's record from its partitions' records: the newest ``window``
+    outcomes of all of them by time, latency weighted by each one's share
+    of those, feedback quality weighted by each one's feedback, counts summed."""
+    timed = sorted(
+        (t, n, o)
+        for n, p in enumerate(parts)
+        for t, o in zip(p.ts_ms, p.stats.outcomes, strict=True)
+    )[-window:]
+    weights = [0] * len(parts)
+    for _, n, _ in timed:
+        weights[n] += 1
     if not any(weights):
         weights = [1] * len(parts)
     latency = sum(w * p.stats.latency_ms for w, p in zip(weights, parts, strict=True))
@@ -175,14 +191,14 @@ def merge(parts: list[PartStats]) -> PathStats:
     )
     return PathStats(
         latency_ms=latency / sum(weights),
-        outcomes=outcomes,
+        outcomes=[o for _, _, o in timed],
         quality=quality,
         n=sum(p.stats.n for p in parts),
         updated_ms=max((p.stats.updated_ms for p in parts), default=0),
     )
 
 
-def merge_all(fields: dict[str, PartStats]) -> dict[Path, PathStats]:
+def merge_all(fields: dict[str, PartStats], window: int) -> dict[Path, PathStats]:
     """Every path's merged record from ``<path>@<partition>`` fields."""
     by_path: dict[Path, list[PartStats]] = {}
     for name, part in fields.items():
@@ -190,7 +206,7 @@ def merge_all(fields: dict[str, PartStats]) -> dict[Path, PathStats]:
         if not partition or path_name not in {p.value for p in Path}:
             continue
         by_path.setdefault(Path(path_name), []).append(part)
-    return {path: merge(parts) for path, parts in by_path.items()}
+    return {path: merge(parts, window) for path, parts in by_path.items()}
 
 
 def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
@@ -206,7 +222,6 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
     quality = raw_topic(app, settings.topic("quality"))
     feedback = raw_topic(app, settings.topic("feedback"))
     table = app.Table("path-stats", default=None, partitions=settings.kafka.partitions)
-    window = partition_window(settings)
     parts_key = f"{settings.redis.key_prefix}:route:parts"
     answered_key = f"{settings.redis.key_prefix}:answered:"
 
@@ -246,10 +261,12 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
             # This partition's record of the path: written only from here.
             key = f"{path.value}@{event.message.partition}"
             current = table.get(key)
-            part = PartStats.from_json(json.dumps(current)) if current else None
-            stats = fold(part.stats if part else None, quality_event, settings, window=window)
-            feedbacks = (part.feedbacks if part else 0) + (quality_event.kind == "feedback")
-            table[key] = json.loads(PartStats(stats, feedbacks).to_json())
+            if current:
+                part = PartStats.from_json(json.dumps(current))
+            else:
+                part = PartStats(PathStats(latency_ms=quality_event.latency_ms))
+            part.fold(quality_event, settings)
+            table[key] = json.loads(part.to_json())
 
     @app.agent(feedback, concurrency=1)
     async def join_feedback(stream: faust.StreamT) -> None:
@@ -312,7 +329,7 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 fields[_text(name)] = PartStats.from_json(raw)
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("route statistics part %r unreadable: %s", name, exc)
-        snapshot = merge_all(fields)
+        snapshot = merge_all(fields, settings.routing.success_window)
         for path, stats in snapshot.items():
             PATH_LATENCY.labels(path.value).set(stats.latency_ms)
             PATH_SUCCESS.labels(path.value).set(stats.success_rate)

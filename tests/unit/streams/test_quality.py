@@ -1,4 +1,7 @@
-"""What the quality loop remembers of an answer for the feedback join."""
+"""What the quality loop remembers of an answer for the feedback join, and
+how it keeps and merges the path statistics of its partitions."""
+
+import json
 
 from schemas.messages import Path, QualityEvent
 from schemas.settings import KafkaSettings, RoutingSettings, Settings
@@ -6,10 +9,10 @@ from streams.classify.router import PathStats
 from streams.quality.loop import (
     Answered,
     PartStats,
+    counts_outcome,
     fold,
     merge,
     merge_all,
-    partition_window,
 )
 
 
@@ -39,38 +42,65 @@ def _event(
     )
 
 
-def test_each_partition_keeps_its_share_of_the_success_window() -> None:
-    settings = Settings(
-        kafka=KafkaSettings(partitions=4), routing=RoutingSettings(success_window=50)
-    )
-    window = partition_window(settings)
-    assert window == 13
-    stats = None
-    for i in range(40):
-        stats = fold(stats, _event(i, success=i >= 30), settings, window=window)
-    assert stats is not None and len(stats.outcomes) == 13 and sum(stats.outcomes) == 10
+SETTINGS = Settings(kafka=KafkaSettings(partitions=4), routing=RoutingSettings(success_window=6))
+
+
+def _spread(events: list[QualityEvent]) -> list[PartStats]:
+    """The events folded as the loop folds them: by partition (round robin)."""
+    parts = [PartStats(PathStats(latency_ms=100.0)) for _ in range(4)]
+    for i, event in enumerate(events):
+        parts[i % 4].fold(event, SETTINGS)
+    return parts
+
+
+def test_merged_partitions_see_the_newest_window_as_one_record_would() -> None:
+    events = [_event(i, success=i < 20) for i in range(24)]  # the last four failed
+    whole = None
+    for event in events:
+        whole = fold(whole, event, SETTINGS)
+    merged = merge(_spread(events), SETTINGS.routing.success_window)
+    assert whole is not None and merged.outcomes == whole.outcomes == [1, 1, 0, 0, 0, 0]
+    assert merged.n == whole.n == 24
+
+
+def test_a_partition_that_heard_nothing_lately_does_not_hold_the_path_back() -> None:
+    failures = [_event(i, success=False) for i in range(8)]  # every partition saw failures
+    recovered = [_event(100 + i) for i in range(6)]  # then successes, all on partition 0
+    parts = _spread(failures)
+    for event in recovered:
+        parts[0].fold(event, SETTINGS)
+    assert merge(parts, SETTINGS.routing.success_window).success_rate == 1.0
 
 
 def test_merged_record_weighs_partitions_by_what_they_saw() -> None:
-    busy = PartStats(PathStats(latency_ms=100.0, outcomes=[1, 1, 1], n=3, updated_ms=5), 0)
+    busy = PartStats(
+        PathStats(latency_ms=100.0, outcomes=[1, 1, 1], n=3, updated_ms=5), 0, [1, 2, 3]
+    )
     failing = PartStats(
-        PathStats(latency_ms=400.0, outcomes=[0], quality=0.25, n=1, updated_ms=9), feedbacks=1
+        PathStats(latency_ms=400.0, outcomes=[0], quality=0.25, n=1, updated_ms=9), 1, [4]
     )
     quiet = PartStats(PathStats(latency_ms=999.0, quality=1.0, n=0), 0)
-    merged = merge([busy, failing, quiet])
+    merged = merge([busy, failing, quiet], 50)
     assert merged.outcomes == [1, 1, 1, 0] and merged.success_rate == 0.75
     assert merged.latency_ms == (3 * 100.0 + 1 * 400.0) / 4
     assert merged.quality == 0.25  # only one partition heard any feedback
     assert (merged.n, merged.updated_ms) == (4, 9)
 
 
+def test_feedback_is_counted_and_refused_requests_add_no_outcome() -> None:
+    part = PartStats(PathStats(latency_ms=10.0))
+    part.fold(_event(1, kind="feedback", feedback=-1.0), SETTINGS)
+    part.fold(_event(2, success=False, error_code="INF-429"), SETTINGS)
+    part.fold(_event(3), SETTINGS)
+    assert part.feedbacks == 1 and part.stats.outcomes == [1] and part.ts_ms == [3]
+    assert not counts_outcome(_event(4, kind="drift"))
+
+
 def test_parts_round_trip_and_unknown_fields_are_left_out() -> None:
-    part = PartStats(PathStats(latency_ms=12.5, outcomes=[1, 0], n=2, updated_ms=7), feedbacks=3)
+    stats = PathStats(latency_ms=12.5, outcomes=[1, 0], n=2, updated_ms=7)
+    part = PartStats(stats, feedbacks=3, ts_ms=[5, 7])
     assert PartStats.from_json(part.to_json()) == part
-    merged = merge_all({"light@0": part, "light@3": part, "heavy": part, "nope@1": part})
-    assert list(merged) == [Path.LIGHT] and merged[Path.LIGHT].outcomes == [1, 0, 1, 0]
-
-
-def test_one_partition_merged_alone_is_that_partition() -> None:
-    stats = PathStats(latency_ms=80.0, outcomes=[1, 0, 1], quality=0.9, n=3, updated_ms=4)
-    assert merge([PartStats(stats, feedbacks=2)]) == stats
+    older = json.dumps(json.loads(stats.to_json()))  # a record kept before times were
+    assert PartStats.from_json(older).ts_ms == [7, 7]
+    merged = merge_all({"light@0": part, "light@3": part, "heavy": part, "nope@1": part}, 50)
+    assert list(merged) == [Path.LIGHT] and merged[Path.LIGHT].outcomes == [1, 1, 0, 0]
