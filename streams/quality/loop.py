@@ -140,23 +140,35 @@ def counts_outcome(event: QualityEvent) -> bool:
 @dataclass(slots=True)
 class PartStats:
     """One partition's record of one path: its ``PathStats``, when each of
-    its outcomes happened (``ts_ms``, aligned with ``stats.outcomes``) and how
+    its outcomes happened (``ts_ms``, aligned with ``stats.outcomes``), the
+    latency of its recent successes with their times (``samples``) and how
     much feedback it holds."""
 
     stats: PathStats
     feedbacks: int = 0
     ts_ms: list[int] = field(default_factory=list)
+    samples: list[tuple[int, float]] = field(default_factory=list)
 
     def fold(self, event: QualityEvent, settings: Settings) -> None:
         self.stats = fold(self.stats, event, settings)
         if counts_outcome(event):
             self.ts_ms.append(event.ts_ms)
             self.ts_ms = self.ts_ms[-len(self.stats.outcomes) :]
+            if event.success:
+                self.samples.append((event.ts_ms, event.latency_ms))
+                del self.samples[: -settings.routing.success_window]
         if event.kind == "feedback":
             self.feedbacks += 1
 
     def to_json(self) -> str:
-        return json.dumps({**_as_dict(self.stats), "feedbacks": self.feedbacks, "ts": self.ts_ms})
+        return json.dumps(
+            {
+                **_as_dict(self.stats),
+                "feedbacks": self.feedbacks,
+                "ts": self.ts_ms,
+                "samples": self.samples,
+            }
+        )
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> PartStats:
@@ -165,24 +177,26 @@ class PartStats:
         ts = [int(t) for t in data.get("ts", [])]
         if len(ts) != len(stats.outcomes):  # written before times were kept
             ts = [stats.updated_ms] * len(stats.outcomes)
-        return cls(stats, int(data.get("feedbacks", 0)), ts)
+        samples = [(int(t), float(v)) for t, v in data.get("samples", [])]
+        return cls(stats, int(data.get("feedbacks", 0)), ts, samples)
 
 
-def merge(parts: list[PartStats], window: int) -> PathStats:
-    """One path's record from its partitions' records: the newest ``window``
-    outcomes of all of them by time, latency weighted by each one's share
-    of those, feedback quality weighted by each one's feedback, counts summed."""
-    timed = sorted(
-        (t, n, o)
-        for n, p in enumerate(parts)
-        for t, o in zip(p.ts_ms, p.stats.outcomes, strict=True)
-    )[-window:]
-    weights = [0] * len(parts)
-    for _, n, _ in timed:
-        weights[n] += 1
-    if not any(weights):
-        weights = [1] * len(parts)
-    latency = sum(w * p.stats.latency_ms for w, p in zip(weights, parts, strict=True))
+def merge(parts: list[PartStats], window: int, alpha: float) -> PathStats:
+    """One path's record from its partitions' records, as one record fed
+    every event would be: the newest ``window`` outcomes of all of them by
+    time, the latency EWMA (``alpha``) replayed over their recent successes
+    in time order, feedback quality weighted by each one's feedback, counts
+    summed."""
+    timed = sorted((t, o) for p in parts for t, o in zip(p.ts_ms, p.stats.outcomes, strict=True))[
+        -window:
+    ]
+    samples = sorted(s for p in parts for s in p.samples)[-window:]
+    if samples:
+        latency = samples[0][1]
+        for _, sample in samples[1:]:
+            latency = alpha * sample + (1 - alpha) * latency
+    else:  # nothing succeeded lately: what the records say, each as much
+        latency = sum(p.stats.latency_ms for p in parts) / len(parts)
     said = sum(p.feedbacks for p in parts)
     quality = (
         sum(p.feedbacks * p.stats.quality for p in parts) / said
@@ -190,15 +204,15 @@ def merge(parts: list[PartStats], window: int) -> PathStats:
         else min((p.stats.quality for p in parts), default=1.0)
     )
     return PathStats(
-        latency_ms=latency / sum(weights),
-        outcomes=[o for _, _, o in timed],
+        latency_ms=latency,
+        outcomes=[o for _, o in timed],
         quality=quality,
         n=sum(p.stats.n for p in parts),
         updated_ms=max((p.stats.updated_ms for p in parts), default=0),
     )
 
 
-def merge_all(fields: dict[str, PartStats], window: int) -> dict[Path, PathStats]:
+def merge_all(fields: dict[str, PartStats], window: int, alpha: float) -> dict[Path, PathStats]:
     """Every path's merged record from ``<path>@<partition>`` fields."""
     by_path: dict[Path, list[PartStats]] = {}
     for name, part in fields.items():
@@ -206,7 +220,7 @@ def merge_all(fields: dict[str, PartStats], window: int) -> dict[Path, PathStats
         if not partition or path_name not in {p.value for p in Path}:
             continue
         by_path.setdefault(Path(path_name), []).append(part)
-    return {path: merge(parts, window) for path, parts in by_path.items()}
+    return {path: merge(parts, window, alpha) for path, parts in by_path.items()}
 
 
 def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
@@ -329,7 +343,7 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 fields[_text(name)] = PartStats.from_json(raw)
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("route statistics part %r unreadable: %s", name, exc)
-        snapshot = merge_all(fields, settings.routing.success_window)
+        snapshot = merge_all(fields, settings.routing.success_window, settings.routing.ewma_alpha)
         for path, stats in snapshot.items():
             PATH_LATENCY.labels(path.value).set(stats.latency_ms)
             PATH_SUCCESS.labels(path.value).set(stats.success_rate)

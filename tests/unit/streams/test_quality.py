@@ -3,6 +3,8 @@ how it keeps and merges the path statistics of its partitions."""
 
 import json
 
+import pytest
+
 from schemas.messages import Path, QualityEvent
 from schemas.settings import KafkaSettings, RoutingSettings, Settings
 from streams.classify.router import PathStats
@@ -58,9 +60,22 @@ def test_merged_partitions_see_the_newest_window_as_one_record_would() -> None:
     whole = None
     for event in events:
         whole = fold(whole, event, SETTINGS)
-    merged = merge(_spread(events), SETTINGS.routing.success_window)
+    merged = merge(_spread(events), SETTINGS.routing.success_window, SETTINGS.routing.ewma_alpha)
     assert whole is not None and merged.outcomes == whole.outcomes == [1, 1, 0, 0, 0, 0]
     assert merged.n == whole.n == 24
+
+
+def test_merged_latency_follows_the_newest_successes_as_one_record_would() -> None:
+    settings = Settings(kafka=KafkaSettings(partitions=4))  # the default window, 50
+    slow_start = [_event(i, latency_ms=5_000.0 if i < 4 else 200.0) for i in range(30)]
+    whole = None
+    parts = [PartStats(PathStats(latency_ms=5_000.0)) for _ in range(4)]
+    for i, event in enumerate(slow_start):
+        whole = fold(whole, event, settings)
+        parts[i % 4].fold(event, settings)
+    merged = merge(parts, 50, settings.routing.ewma_alpha)
+    assert whole is not None and merged.latency_ms == pytest.approx(whole.latency_ms)
+    assert merged.latency_ms < 300  # the cold start is forgotten as fast as before
 
 
 def test_a_partition_that_heard_nothing_lately_does_not_hold_the_path_back() -> None:
@@ -69,20 +84,23 @@ def test_a_partition_that_heard_nothing_lately_does_not_hold_the_path_back() -> 
     parts = _spread(failures)
     for event in recovered:
         parts[0].fold(event, SETTINGS)
-    assert merge(parts, SETTINGS.routing.success_window).success_rate == 1.0
+    assert merge(parts, 6, 0.2).success_rate == 1.0
 
 
 def test_merged_record_weighs_partitions_by_what_they_saw() -> None:
     busy = PartStats(
-        PathStats(latency_ms=100.0, outcomes=[1, 1, 1], n=3, updated_ms=5), 0, [1, 2, 3]
+        PathStats(latency_ms=100.0, outcomes=[1, 1, 1], n=3, updated_ms=5),
+        0,
+        [1, 2, 3],
+        [(1, 100.0), (2, 100.0), (3, 100.0)],
     )
     failing = PartStats(
         PathStats(latency_ms=400.0, outcomes=[0], quality=0.25, n=1, updated_ms=9), 1, [4]
     )
     quiet = PartStats(PathStats(latency_ms=999.0, quality=1.0, n=0), 0)
-    merged = merge([busy, failing, quiet], 50)
+    merged = merge([busy, failing, quiet], 50, 0.2)
     assert merged.outcomes == [1, 1, 1, 0] and merged.success_rate == 0.75
-    assert merged.latency_ms == (3 * 100.0 + 1 * 400.0) / 4
+    assert merged.latency_ms == 100.0  # only successes move the latency
     assert merged.quality == 0.25  # only one partition heard any feedback
     assert (merged.n, merged.updated_ms) == (4, 9)
 
@@ -98,9 +116,9 @@ def test_feedback_is_counted_and_refused_requests_add_no_outcome() -> None:
 
 def test_parts_round_trip_and_unknown_fields_are_left_out() -> None:
     stats = PathStats(latency_ms=12.5, outcomes=[1, 0], n=2, updated_ms=7)
-    part = PartStats(stats, feedbacks=3, ts_ms=[5, 7])
+    part = PartStats(stats, feedbacks=3, ts_ms=[5, 7], samples=[(5, 12.5)])
     assert PartStats.from_json(part.to_json()) == part
     older = json.dumps(json.loads(stats.to_json()))  # a record kept before times were
     assert PartStats.from_json(older).ts_ms == [7, 7]
-    merged = merge_all({"light@0": part, "light@3": part, "heavy": part, "nope@1": part}, 50)
+    merged = merge_all({"light@0": part, "light@3": part, "heavy": part, "nope@1": part}, 50, 0.2)
     assert list(merged) == [Path.LIGHT] and merged[Path.LIGHT].outcomes == [1, 1, 0, 0]
