@@ -9,8 +9,8 @@ as a plain aiokafka producer at default settings puts them, already routed,
 on the bulk lane of an embedded stack whose one bulk worker serves that
 model, and a plain consumer reads the replies. Pipeline efficiency is the
 pipeline's tokens/s over the direct tokens/s. The classifier is left out on
-purpose (``laneway bench --classifier`` measures it): this is the worker's
-share.
+purpose, with the router and batch tracker (``laneway bench --classifier``
+measures it): this is the worker's share, and they would take CPU from it.
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ def run_pipeline_bench(settings: Settings, args: argparse.Namespace) -> int:
             out=out,
             log_dir=log_dir,
             child_env=_child_env(settings, path, model, batch),
+            workers_only=True,
         )
         try:
             stack.start(ready_timeout_s=300)

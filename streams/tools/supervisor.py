@@ -67,7 +67,10 @@ class Stack:
         out: IO[str] | None = None,
         log_dir: Path | None = None,
         child_env: dict[str, str] | None = None,
+        workers_only: bool = False,
     ) -> None:
+        """``workers_only``: the lane workers alone, no classifier, router or
+        batch tracker (a benchmark of the workers' share)."""
         self.broker = EmbeddedBroker(
             kafka_port, log_path=log_dir / "tansu.log" if log_dir else None
         )
@@ -91,6 +94,8 @@ class Stack:
             # Counts batch jobs' results (streams.jobs.tracker): 9405.
             Child("batch-tracker", ["batch", "tracker"], ports[len(lanes) + 2]),
         ]
+        if workers_only:
+            self.children = [c for c in self.children if c.name.startswith("worker-")]
         self._stopping = False
         self._child_env = child_env or {}
 
