@@ -435,7 +435,8 @@ class BackendSettings(BaseSettings):
     llamacpp_max_batch_tokens: int = Field(default=8192, ge=16)
     """Token budget of the sequences decoded together: their prompts plus
     ``max_tokens`` may not add up to more; a request waits until it fits. A
-    request that could never fit (nor in ``n_ctx``) is refused with INF-400."""
+    ``max_tokens`` larger than the room its prompt leaves (in this budget and
+    in ``n_ctx``) is shortened to it; a prompt that leaves none is INF-400."""
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     """An OpenAI-compatible server, e.g. ``vllm serve`` or ``llama_cpp.server``."""
     openai_api_key: SecretStr = SecretStr("none")

@@ -129,10 +129,12 @@ class _Sequence:
     completion: int = 0
     sampler: Sampler | None = None
     scanner: StopScanner | None = None
+    max_tokens: int = 0
+    """The request's ``max_tokens``, shortened to the room its prompt leaves."""
 
     @property
     def cost(self) -> int:
-        return len(self.prompt) + self.request.max_tokens
+        return len(self.prompt) + self.max_tokens
 
 
 def _resolve(future: concurrent.futures.Future[Result], result: Result) -> None:
@@ -324,7 +326,10 @@ class BatchDecoder:
             _resolve(seq.future, InvalidRequest(f"the prompt cannot be tokenized: {exc}"))
             return
         limit = min(self.n_ctx_seq, self.max_batch_tokens)
-        if not seq.prompt or seq.cost > limit:
+        # A generous max_tokens is shortened to the room the prompt leaves, as
+        # llama.cpp's own server does; only a prompt that leaves none is refused.
+        seq.max_tokens = min(request.max_tokens, limit - len(seq.prompt))
+        if not seq.prompt or seq.max_tokens < 1:
             which = (
                 f"the context of {self.n_ctx_seq} tokens per sequence (LANEWAY_BACKEND_N_CTX)"
                 if limit == self.n_ctx_seq
@@ -334,8 +339,8 @@ class BatchDecoder:
             _resolve(
                 seq.future,
                 InvalidRequest(
-                    f"the prompt is {len(seq.prompt)} tokens and max_tokens={request.max_tokens}: "
-                    f"{seq.cost} tokens do not fit {which}"
+                    f"the prompt is {len(seq.prompt)} tokens: it leaves no room to answer "
+                    f"in {which}"
                 ),
             )
             return
@@ -438,7 +443,7 @@ class BatchDecoder:
         seq.completion += 1
         if seq.scanner.feed(self._piece(token)):
             self._finish(seq, self._decoded(seq, "stop"))
-        elif seq.completion >= seq.request.max_tokens:
+        elif seq.completion >= seq.max_tokens:
             self._finish(seq, self._decoded(seq, "length"))
         else:
             seq.todo.append(token)
