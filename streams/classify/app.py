@@ -47,6 +47,7 @@ from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
 from streams.rules.rulefile import RuleSource
 from streams.stores.backlog import BacklogBoard, LatencyBoard
+from streams.stores.workerboard import Serving, WorkerBoard
 
 __all__ = ["build_app", "source_record"]
 
@@ -95,6 +96,8 @@ def build_app(
         load_registry(settings.routing.models_file, settings.backend), settings.routing
     )
     routes = RouteBoard(redis, settings.redis.key_prefix)
+    workers = WorkerBoard(redis, settings.redis.key_prefix, stale_s=3 * settings.worker_heartbeat_s)
+    live: dict[str, Serving | None] = {"serving": None}
     backlog_board = BacklogBoard(redis, settings.redis.key_prefix)
     latency_board = LatencyBoard(redis, settings.redis.key_prefix)
     flow = FlowController(settings.flow.enter, settings.flow.exit, settings.flow.hold_s)
@@ -108,6 +111,7 @@ def build_app(
         router,
         stats=lambda: routes.snapshot,
         level=lambda: max(flow.level, slow.level),
+        serving=lambda: live["serving"],
         drift=drift,
     )
     app = new_app(settings, settings.app_id)
@@ -174,6 +178,11 @@ def build_app(
                 dict(backlog or {}),
                 {k.value: round(v) for k, v in (latency or {}).items()},
             )
+
+    @app.timer(settings.worker_heartbeat_s)
+    async def read_worker_board() -> None:
+        """Which paths live workers serve on each lane (``None``: Redis cannot say)."""
+        live["serving"] = await workers.serving()
 
     @app.timer(settings.routing.weights_refresh_s)
     async def refresh_routes() -> None:

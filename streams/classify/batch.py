@@ -64,6 +64,7 @@ from streams.rules.rulefile import RuleSource
 from streams.stores.ratelimit import RateLimiter, Verdict
 from streams.stores.rounds import Round
 from streams.stores.sessions import SessionStore, context_digest
+from streams.stores.workerboard import Serving
 
 __all__ = [
     "BatchClassifier",
@@ -454,14 +455,18 @@ class BatchClassifier:
         *,
         stats: Callable[[], Mapping[Path, PathStats]] = dict,
         level: Callable[[], int] = lambda: 0,
+        serving: Callable[[], Serving | None] = lambda: None,
         drift: DriftMonitor | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
+        """``serving``: per lane, the paths live workers serve (the worker
+        board); ``None`` while it is not known."""
         self.settings = settings
         self.lookups = lookups
         self.router = router
         self._stats = stats
         self._level = level
+        self._serving = serving
         self._drift = drift
         self._clock_ms = clock_ms
 
@@ -557,6 +562,7 @@ class BatchClassifier:
             stats=stats,
             level=level,
             history=looked.history,
+            serving=self._serving(),
         )
         decision = classified.decision
         if self._drift is not None and decision is not None and decision.features is not None:

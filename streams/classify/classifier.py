@@ -44,6 +44,7 @@ from streams.classify.registry import builtin_registry
 from streams.classify.router import PathStats, SmartRouter
 from streams.kafka.envelopes import Outbound, dlq_for, terminal_records
 from streams.rules.engine import RuleBook
+from streams.stores.workerboard import Serving
 
 __all__ = [
     "Admitted",
@@ -129,11 +130,13 @@ def route(
     stats: Mapping[Path, PathStats] | None = None,
     level: int = 0,
     history: Sequence[ChatMessage] = (),
+    serving: Serving | None = None,
 ) -> Classified:
-    """``level``: the flow controller's load level (``streams.classify.flow``)."""
+    """``level``: the flow controller's load level (``streams.classify.flow``);
+    ``serving``: per lane, the paths live workers serve (``None``: not known)."""
     request, reply_to = admitted.request, admitted.reply_to
     age_ms = admitted.age_ms(now_ms)
-    decision = decide(request, found, settings.routing, router, stats or {})
+    decision = decide(request, found, settings.routing, router, stats or {}, serving)
     answer = _answer(decision, admitted, age_ms)
     if answer is not None:
         hit_key = decision.hit.key if decision.hit is not None else None

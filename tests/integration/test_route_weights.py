@@ -83,6 +83,10 @@ def weighted(light: LightServer, tmp_path_factory: pytest.TempPathFactory) -> It
         "LANEWAY_REALTIME_PATHS": '["light", "heavy"]',
         "LANEWAY_CACHE_ENABLED": "false",
         "LANEWAY_ROUTING_EXPLORATION": "0.15",
+        # Scored on cost and success only: Gemma decoding in the worker answers
+        # four tokens faster than a server across HTTP, and would win on latency
+        # alone; the cheaper light path must win while healthy.
+        "LANEWAY_ROUTING_W_LAT": "0",
         "LANEWAY_ROUTING_SUCCESS_WINDOW": "10",
     }
     with pytest.MonkeyPatch.context() as patch:
