@@ -72,17 +72,20 @@ def _temperature_class(temperature: float) -> str:
 
 def cache_scope(request: InferenceRequest, settings: CacheSettings, context: str = "") -> str:
     """Everything besides the text that must match for two requests to share
-    an answer. A JSON list, so no tenant name can forge another scope."""
+    an answer, stop strings included (they cut the answer). A JSON list, so
+    no tenant name can forge another scope. The seed is left out: only
+    temperature-0 answers are shared, and greedy decoding ignores it."""
     tenant = (request.tenant or "") if settings.per_tenant else "*"
     context_digest = hashlib.blake2b(context.encode(), digest_size=8).hexdigest() if context else ""
-    return json.dumps(
-        [
-            tenant,
-            _max_tokens_class(request.max_tokens),
-            _temperature_class(request.temperature),
-            context_digest,
-        ]
-    )
+    scope: list[object] = [
+        tenant,
+        _max_tokens_class(request.max_tokens),
+        _temperature_class(request.temperature),
+        context_digest,
+    ]
+    if request.stop:  # only when given, so the keys of requests without stops stay the same
+        scope.append(sorted(set(request.stop)))
+    return json.dumps(scope)
 
 
 def key_of(scope: str, text: str) -> str:

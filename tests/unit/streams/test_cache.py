@@ -72,6 +72,18 @@ def test_same_question_same_key_whatever_the_spacing_or_case() -> None:
     assert len(a) == 32 and int(a, 16) >= 0
 
 
+def test_stop_strings_are_part_of_the_key_and_the_seed_is_not() -> None:
+    """An answer cut at a stop string is another answer; greedy answers do
+    not depend on the seed. Requests without stops keep their old keys."""
+    plain = cache_key(req(), SETTINGS)
+    assert cache_scope(req(), SETTINGS) == '["*", "<=256", "0", ""]'  # as before stops
+    stopped = cache_key(req(stop=["\n"]), SETTINGS)
+    assert stopped != plain
+    assert stopped == cache_key(req(stop=["\n", "\n"]), SETTINGS)
+    assert cache_key(req(stop=["a", "b"]), SETTINGS) == cache_key(req(stop=["b", "a"]), SETTINGS)
+    assert cache_key(req(seed=7), SETTINGS) == plain
+
+
 def test_key_separates_max_tokens_classes_but_not_within_one() -> None:
     base = cache_key(req(max_tokens=100), SETTINGS)
     assert base == cache_key(req(max_tokens=256), SETTINGS)
