@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import time
 import timeit
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -309,29 +310,37 @@ async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow
     return rows
 
 
-def run_bench(settings: Settings, args: argparse.Namespace) -> int:
-    stack = None
-    if args.embedded:
-        from streams.tools.supervisor import Stack
+@contextlib.contextmanager
+def stack_for(settings: Settings, embedded: bool) -> Iterator[Settings]:
+    """The settings to bench against: ``settings`` as they are, or an
+    embedded stack's (its own broker; LANEWAY_REDIS_URL's Redis when set,
+    else its own Valkey), stopped afterwards."""
+    if not embedded:
+        yield settings
+        return
+    from streams.tools.supervisor import Stack
 
-        stack = Stack(
-            settings,
-            http_port_base=None,
-            use_external_redis="url" in settings.redis.model_fields_set,
-        )
-        stack.start()
-        settings = stack.settings
+    stack = Stack(
+        settings,
+        http_port_base=None,
+        use_external_redis="url" in settings.redis.model_fields_set,
+    )
+    stack.start()
     try:
+        yield stack.settings
+    finally:
+        stack.stop()
+
+
+def run_bench(settings: Settings, args: argparse.Namespace) -> int:
+    with stack_for(settings, args.embedded) as running:
         if args.overload:
-            steps = asyncio.run(overload(settings, args))
+            steps = asyncio.run(overload(running, args))
         else:
             requests = mixed_workload(args.requests, args.max_tokens)
             samples, started, lost = asyncio.run(
-                drive(settings, requests, args.concurrency, timeout_s=300)
+                drive(running, requests, args.concurrency, timeout_s=300)
             )
-    finally:
-        if stack is not None:
-            stack.stop()
     if args.overload:
         print(
             f"\nlaneway bench --overload: {args.window_s:.0f} s per step, "

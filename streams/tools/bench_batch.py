@@ -31,7 +31,7 @@ from streams.jobs.jsonl import request_id
 from streams.jobs.progress import get_job
 from streams.jobs.store import JobStore
 from streams.jobs.submit import submit_file
-from streams.tools.bench import NO_CACHE, _percentile, warm_up
+from streams.tools.bench import NO_CACHE, _percentile, stack_for, warm_up
 
 __all__ = ["batch_file", "run_batch_bench"]
 
@@ -182,22 +182,8 @@ def format_batch_bench(
 
 
 def run_batch_bench(settings: Settings, args: argparse.Namespace) -> int:
-    stack = None
-    if args.embedded:
-        from streams.tools.supervisor import Stack
-
-        stack = Stack(
-            settings,
-            http_port_base=None,
-            use_external_redis="url" in settings.redis.model_fields_set,
-        )
-        stack.start()
-        settings = stack.settings
-    try:
-        alone, loaded, figures = asyncio.run(bench(settings, args))
-    finally:
-        if stack is not None:
-            stack.stop()
+    with stack_for(settings, args.embedded) as running:
+        alone, loaded, figures = asyncio.run(bench(running, args))
     print()
     print(format_batch_bench(alone, loaded, figures, args))
     return 1 if alone.lost or loaded.lost else 0

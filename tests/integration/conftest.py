@@ -17,10 +17,12 @@ from pathlib import Path as FsPath
 from unittest import mock
 
 import pytest
+import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
 from schemas.settings import Settings
+from streams.cache.embedding import MiniLMEmbedder
 from streams.client import LanewayClient
 from streams.rules.rulefile import EXAMPLE_RULES_FILE
 from streams.tools.embedded import EmbeddedRedis, free_port
@@ -78,6 +80,31 @@ def redis_url() -> Iterator[str]:
         return
     with EmbeddedRedis() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Iterator[MiniLMEmbedder]:
+    """all-MiniLM-L6-v2 from its wheel, loaded once for the session."""
+    embedder = MiniLMEmbedder()
+    embedder.load()
+    yield embedder
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def prefix(redis_client: aioredis.Redis) -> AsyncIterator[str]:
+    """A key prefix of this test's own, its keys deleted afterwards."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    keys = [key async for key in redis_client.scan_iter(match=f"{prefix}:*")]
+    if keys:
+        await redis_client.delete(*keys)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -40,29 +39,6 @@ def count(metric: Any, label: str) -> float:
     return float(metric.labels(label)._value.get())
 
 
-@pytest.fixture(scope="module")
-def embedder() -> Iterator[MiniLMEmbedder]:
-    embedder = MiniLMEmbedder()
-    embedder.load()
-    yield embedder
-
-
-@pytest.fixture
-async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def prefix(redis_client: aioredis.Redis) -> AsyncIterator[str]:
-    prefix = f"test-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    keys = [key async for key in redis_client.scan_iter(match=f"{prefix}:*")]
-    if keys:
-        await redis_client.delete(*keys)
-
-
 @pytest.fixture
 def make_cache(redis_client: aioredis.Redis, prefix: str) -> Any:
     def make(embedder: MiniLMEmbedder | None, **settings: Any) -> ResponseCache:
@@ -73,8 +49,8 @@ def make_cache(redis_client: aioredis.Redis, prefix: str) -> Any:
     return make
 
 
-async def test_store_then_exact_hit(make_cache: Any, embedder: MiniLMEmbedder) -> None:
-    cache = make_cache(embedder)
+async def test_store_then_exact_hit(make_cache: Any, minilm: MiniLMEmbedder) -> None:
+    cache = make_cache(minilm)
     question = req("How do I reset my password?")
     assert await cache.lookup(question) is None
     before = count(LOOKUPS, "exact")
@@ -103,7 +79,7 @@ async def test_store_is_idempotent(
 
 
 async def test_paraphrase_hits_a_second_instance_after_sync(
-    make_cache: Any, redis_client: aioredis.Redis, embedder: MiniLMEmbedder
+    make_cache: Any, redis_client: aioredis.Redis, minilm: MiniLMEmbedder
 ) -> None:
     # A worker without an embedder stores; the classifier's cache embeds on sync.
     worker = make_cache(None)
@@ -111,7 +87,7 @@ async def test_paraphrase_hits_a_second_instance_after_sync(
     assert await worker.store(question, answer(question))
     assert await worker.sync() == 0  # nothing to index without an embedder
 
-    classifier = make_cache(embedder)
+    classifier = make_cache(minilm)
     assert await classifier.lookup(req("how can I reset my password")) is None  # not synced yet
     assert await classifier.sync() == 1
     assert classifier.index_size == 1
@@ -122,7 +98,7 @@ async def test_paraphrase_hits_a_second_instance_after_sync(
     assert await redis_client.hexists(classifier.entry_key(hit.key), "vec")  # written back
 
     # A restarted classifier rebuilds its index from Redis alone.
-    restarted = make_cache(embedder)
+    restarted = make_cache(minilm)
     assert await restarted.sync() == 1
     assert await restarted.sync() == 0  # nothing new since
     hit = await restarted.lookup(req("I forgot my password, how do I reset it?"))
@@ -130,9 +106,9 @@ async def test_paraphrase_hits_a_second_instance_after_sync(
 
 
 async def test_stores_by_one_instance_reach_anothers_index_incrementally(
-    make_cache: Any, embedder: MiniLMEmbedder
+    make_cache: Any, minilm: MiniLMEmbedder
 ) -> None:
-    first, second = make_cache(embedder), make_cache(embedder)
+    first, second = make_cache(minilm), make_cache(minilm)
     assert await second.sync() == 0
     question = req("How do I cancel my subscription?")
     assert await first.store(question, answer(question, "Settings, then Cancel."))
@@ -143,9 +119,9 @@ async def test_stores_by_one_instance_reach_anothers_index_incrementally(
 
 
 async def test_below_threshold_and_unrelated_questions_miss(
-    make_cache: Any, embedder: MiniLMEmbedder
+    make_cache: Any, minilm: MiniLMEmbedder
 ) -> None:
-    cache = make_cache(embedder)
+    cache = make_cache(minilm)
     question = req("How do I cancel my subscription?")
     assert await cache.store(question, answer(question))
     assert await cache.lookup(req("How do I upgrade my subscription?")) is None  # 0.64
@@ -154,9 +130,9 @@ async def test_below_threshold_and_unrelated_questions_miss(
 
 
 async def test_different_order_numbers_never_share_an_answer(
-    make_cache: Any, embedder: MiniLMEmbedder
+    make_cache: Any, minilm: MiniLMEmbedder
 ) -> None:
-    cache = make_cache(embedder, threshold=0.5)
+    cache = make_cache(minilm, threshold=0.5)
     for prompt, status in [
         ("Where is order 123?", "Order 123 shipped."),
         ("Where is my order 12345?", "Order 12345 is packed."),
@@ -191,8 +167,8 @@ async def test_unsafe_answers_are_never_stored(
     assert [key async for key in redis_client.scan_iter(match=f"{prefix}:*")] == []
 
 
-async def test_bypass_is_never_read(make_cache: Any, embedder: MiniLMEmbedder) -> None:
-    cache = make_cache(embedder)
+async def test_bypass_is_never_read(make_cache: Any, minilm: MiniLMEmbedder) -> None:
+    cache = make_cache(minilm)
     question = req("What are your opening hours?")
     assert await cache.store(question, answer(question, "9 to 5"))
     before = count(LOOKUPS, "bypass")
@@ -206,9 +182,9 @@ async def test_bypass_is_never_read(make_cache: Any, embedder: MiniLMEmbedder) -
 
 
 async def test_expired_entries_are_not_served_and_leave_the_index(
-    make_cache: Any, embedder: MiniLMEmbedder
+    make_cache: Any, minilm: MiniLMEmbedder
 ) -> None:
-    cache = make_cache(embedder, ttl_s=1)
+    cache = make_cache(minilm, ttl_s=1)
     question = req("Explain photosynthesis in simple terms")
     assert await cache.store(question, answer(question, "Plants make sugar from light."))
     assert (await cache.lookup(req("explain photosynthesis simply"))) is not None
@@ -220,9 +196,9 @@ async def test_expired_entries_are_not_served_and_leave_the_index(
 
 
 async def test_index_and_entries_are_bounded(
-    make_cache: Any, redis_client: aioredis.Redis, prefix: str, embedder: MiniLMEmbedder
+    make_cache: Any, redis_client: aioredis.Redis, prefix: str, minilm: MiniLMEmbedder
 ) -> None:
-    cache = make_cache(embedder, max_entries=3)
+    cache = make_cache(minilm, max_entries=3)
     questions = [req(f"What is fact number {n}?") for n in range(5)]
     for question in questions:
         assert await cache.store(question, answer(question, f"fact {question.prompt}"))
@@ -234,8 +210,8 @@ async def test_index_and_entries_are_bounded(
     assert len(entries) == 3
 
 
-async def test_per_tenant_entries_stay_apart(make_cache: Any, embedder: MiniLMEmbedder) -> None:
-    cache = make_cache(embedder, per_tenant=True)
+async def test_per_tenant_entries_stay_apart(make_cache: Any, minilm: MiniLMEmbedder) -> None:
+    cache = make_cache(minilm, per_tenant=True)
     question = req("How do I reset my password?", tenant="acme")
     assert await cache.store(question, answer(question))
     assert await cache.lookup(req("How do I reset my password?", tenant="globex")) is None
@@ -243,11 +219,11 @@ async def test_per_tenant_entries_stay_apart(make_cache: Any, embedder: MiniLMEm
     assert await cache.lookup(req("how can I reset my password", tenant="acme")) is not None
 
 
-async def test_dead_redis_fails_open_fast(embedder: MiniLMEmbedder) -> None:
+async def test_dead_redis_fails_open_fast(minilm: MiniLMEmbedder) -> None:
     dead = aioredis.from_url(
         "redis://127.0.0.1:1/0", socket_timeout=0.2, socket_connect_timeout=0.2
     )
-    cache = ResponseCache(dead, CacheSettings(), key_prefix="test-dead", embedder=embedder)
+    cache = ResponseCache(dead, CacheSettings(), key_prefix="test-dead", embedder=minilm)
     question = req("How do I reset my password?")
     errors = count(REDIS_ERRORS, "cache")
     lookup_errors, store_errors = count(LOOKUPS, "error"), count(STORES, "error")

@@ -16,7 +16,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from unittest import mock
 
@@ -60,29 +60,6 @@ class CountingEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         self.texts.extend(texts)
         return self.inner.embed(texts)
-
-
-@pytest.fixture(scope="module")
-def minilm() -> Iterator[MiniLMEmbedder]:
-    embedder = MiniLMEmbedder()
-    embedder.load()
-    yield embedder
-
-
-@pytest.fixture
-async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def prefix(redis_client: aioredis.Redis) -> AsyncIterator[str]:
-    prefix = f"test-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    keys = [key async for key in redis_client.scan_iter(match=f"{prefix}:*")]
-    if keys:
-        await redis_client.delete(*keys)
 
 
 def _settings(redis_url: str, prefix: str) -> Settings:
