@@ -72,6 +72,12 @@ def _when(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
 
+STALL_S = 120.0
+"""Seconds without a new result before ``watch`` asks whether the tracker runs."""
+WINDOW_GRACE_MS = 60_000
+"""How long past a job's window ``watch`` waits for the tracker to settle it."""
+
+
 async def watch(
     settings: Settings,
     job_id: str,
@@ -79,22 +85,40 @@ async def watch(
     *,
     interval_s: float = 0.5,
     timeout_s: float | None = None,
+    stall_s: float = STALL_S,
     clock: Callable[[], float] = time.monotonic,
 ) -> BatchJob:
-    """Redraw the job's bar until it is final (or ``timeout_s``); the job."""
+    """Redraw the job's bar until it is final (or ``timeout_s``); the job.
+
+    Results are counted by the job tracker (``laneway batch tracker``, part
+    of ``laneway up``). When nothing moves for ``stall_s`` the bar says so
+    once, naming the tracker; past the job's window (and a minute's grace
+    for the tracker to settle it) the wait ends with the job as it stands,
+    so a missing tracker never makes ``--wait`` wait for ever."""
     redis = settings.redis.client()
     rate = Rate()
     give_up = None if timeout_s is None else clock() + timeout_s
+    moved_at, last, warned = clock(), -1, False
     try:
         store = JobStore(redis, settings.redis.key_prefix)
         while True:
             job = await store.get(job_id)
             if job is None:
                 raise KeyError(job_id)
-            speed = rate.add(clock(), job.counts.done + job.counts.failed)
+            answered = job.counts.done + job.counts.failed
+            if answered != last:
+                moved_at, last = clock(), answered
+            speed = rate.add(clock(), answered)
             out.write("\r" + format_bar(job, speed) + "\x1b[K")
+            if not warned and not job.final and clock() - moved_at > stall_s:
+                warned = True
+                out.write(
+                    f"\nno result counted for {stall_s:.0f} s: is the job tracker running "
+                    "(`laneway batch tracker`, part of `laneway up`)?\n"
+                )
             out.flush()
-            if job.final or (give_up is not None and clock() > give_up):
+            past_window = time.time() * 1000 > job.expires_at_ms + WINDOW_GRACE_MS
+            if job.final or past_window or (give_up is not None and clock() > give_up):
                 out.write("\n")
                 return job
             await asyncio.sleep(interval_s)

@@ -133,3 +133,31 @@ async def test_a_shed_request_of_a_running_job_waits_to_be_sent_again(store: Job
     assert await store.record([(job.id, "r9", "{}", 7_000)], now_ms=6_000, window_s=60) == 1
     final = await store.get(job.id)
     assert final is not None and (final.counts.done, final.counts.failed) == (1, 1)
+
+
+async def test_waiting_on_a_job_nobody_counts_ends_after_its_window(redis_url: str) -> None:
+    """No tracker runs: ``--wait`` says so, and gives up once the window
+    (and its grace) is over instead of waiting for ever."""
+    import io
+    import time
+
+    from schemas.settings import RedisSettings, Settings
+    from streams.jobs import progress
+
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    settings = Settings(redis=RedisSettings(url=redis_url, key_prefix=prefix))
+    redis = aioredis.from_url(redis_url)
+    now_ms = int(time.time() * 1000)
+    job = new_job().model_copy(
+        update={"created_at_ms": now_ms, "expires_at_ms": now_ms - progress.WINDOW_GRACE_MS + 1500}
+    )
+    try:
+        assert await JobStore(redis, prefix).create(job)
+        out = io.StringIO()
+        started = time.monotonic()
+        seen = await progress.watch(settings, job.id, out, interval_s=0.1, stall_s=0.5)
+        assert 1.0 < time.monotonic() - started < 10
+    finally:
+        await redis.aclose()
+    assert seen.id == job.id and not seen.final
+    assert "is the job tracker running" in out.getvalue()
