@@ -182,6 +182,12 @@ class FlowSettings(BaseSettings):
     interval_s: float = Field(default=1.0, gt=0)
     """How often workers report their backlog and the classifier re-reads it."""
     shed_retry_after_ms: int = Field(default=5_000, ge=1)
+    realtime_max_backlog: int | None = Field(default=16, ge=1)
+    """Realtime model requests waiting on the realtime lane at which new ones
+    are refused at once (INF-429, ``realtime_retry_after_ms``) instead of
+    queueing past their deadline; rule and cache answers are still given.
+    ``None``: realtime is never refused."""
+    realtime_retry_after_ms: int = Field(default=1_000, ge=1)
 
     @model_validator(mode="after")
     def _hysteresis(self) -> FlowSettings:

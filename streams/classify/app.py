@@ -37,7 +37,7 @@ from schemas.settings import Settings
 from streams.classify.batch import BatchClassifier, BatchLookups, Pipeline, wave_keys
 from streams.classify.classifier import Classified, SourceRecord
 from streams.classify.drift import DriftMonitor
-from streams.classify.flow import FlowController
+from streams.classify.flow import FlowController, realtime_full
 from streams.classify.policy import Decision
 from streams.classify.registry import load_registry
 from streams.classify.router import RouteBoard, SmartRouter
@@ -47,7 +47,7 @@ from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
 from streams.rules.rulefile import RuleSource
 from streams.stores.backlog import BacklogBoard, LatencyBoard
-from streams.stores.workerboard import Serving, WorkerBoard
+from streams.stores.workerboard import WorkerBoard
 
 __all__ = ["build_app", "source_record"]
 
@@ -97,7 +97,8 @@ def build_app(
     )
     routes = RouteBoard(redis, settings.redis.key_prefix)
     workers = WorkerBoard(redis, settings.redis.key_prefix, stale_s=3 * settings.worker_heartbeat_s)
-    live: dict[str, Serving | None] = {"serving": None}
+    live: dict[str, Any] = {"serving": None, "full": None}
+    """What the timers last read: the worker board, and whether realtime is full."""
     backlog_board = BacklogBoard(redis, settings.redis.key_prefix)
     latency_board = LatencyBoard(redis, settings.redis.key_prefix)
     flow = FlowController(settings.flow.enter, settings.flow.exit, settings.flow.hold_s)
@@ -112,6 +113,7 @@ def build_app(
         stats=lambda: routes.snapshot,
         level=lambda: max(flow.level, slow.level),
         serving=lambda: live["serving"],
+        full=lambda: live["full"],
         drift=drift,
     )
     app = new_app(settings, settings.app_id)
@@ -163,6 +165,7 @@ def build_app(
         if backlog is not None:  # None: Redis cannot say, keep the level we have
             for lane, waiting in backlog.items():
                 BACKLOG.labels(lane).set(waiting)
+            live["full"] = realtime_full(backlog.get(Lane.REALTIME, 0), settings.flow)
             flow.update(sum(backlog.values()), now)
         latency = await latency_board.read()
         if latency is not None:

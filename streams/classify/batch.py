@@ -56,6 +56,7 @@ from streams.classify.classifier import (
 )
 from streams.classify.drift import DriftMonitor
 from streams.classify.features import RequestFeatures
+from streams.classify.flow import LaneFull
 from streams.classify.policy import Found
 from streams.classify.router import PathStats, SmartRouter
 from streams.kafka.envelopes import dlq_for
@@ -456,6 +457,7 @@ class BatchClassifier:
         stats: Callable[[], Mapping[Path, PathStats]] = dict,
         level: Callable[[], int] = lambda: 0,
         serving: Callable[[], Serving | None] = lambda: None,
+        full: Callable[[], LaneFull | None] = lambda: None,
         drift: DriftMonitor | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
@@ -467,6 +469,7 @@ class BatchClassifier:
         self._stats = stats
         self._level = level
         self._serving = serving
+        self._full = full
         self._drift = drift
         self._clock_ms = clock_ms
 
@@ -563,6 +566,7 @@ class BatchClassifier:
             level=level,
             history=looked.history,
             serving=self._serving(),
+            full=self._full(),
         )
         decision = classified.decision
         if self._drift is not None and decision is not None and decision.features is not None:

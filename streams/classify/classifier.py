@@ -38,7 +38,7 @@ from schemas.messages import (
     peek_reply_address,
 )
 from schemas.settings import Settings
-from streams.classify.flow import Shed, apply_level
+from streams.classify.flow import LaneFull, Shed, apply_level
 from streams.classify.policy import Decision, Found, decide
 from streams.classify.registry import builtin_registry
 from streams.classify.router import PathStats, SmartRouter
@@ -131,9 +131,11 @@ def route(
     level: int = 0,
     history: Sequence[ChatMessage] = (),
     serving: Serving | None = None,
+    full: LaneFull | None = None,
 ) -> Classified:
     """``level``: the flow controller's load level (``streams.classify.flow``);
-    ``serving``: per lane, the paths live workers serve (``None``: not known)."""
+    ``serving``: per lane, the paths live workers serve (``None``: not known);
+    ``full``: a lane too full for new model requests (``flow.LaneFull``)."""
     request, reply_to = admitted.request, admitted.reply_to
     age_ms = admitted.age_ms(now_ms)
     decision = decide(request, found, settings.routing, router, stats or {}, serving)
@@ -143,7 +145,7 @@ def route(
         records = _terminal(answer, admitted, now_ms, settings, cache_key=hit_key)
         return Classified("answered", records, answer, request, reply_to, decision)
 
-    adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms)
+    adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms, full)
     if isinstance(adjusted, Shed):
         shed = RateLimited(adjusted.reason, retry_after_ms=adjusted.retry_after_ms)
         result = InferenceResult.failure(

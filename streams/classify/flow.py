@@ -7,6 +7,11 @@ lane topics). Levels, each keeping what the one below it does:
     1  heavy -> light for work below the complex class (no code, maths, long prompts)
     2  bulk intake paused: new bulk requests get INF-429 with retry_after_ms
     3  realtime keeps rules / light only: every heavy request there goes light
+Apart from the levels, a realtime lane with more than
+``realtime_max_backlog`` requests waiting refuses new model requests at once
+(INF-429 with a short retry time): a realtime answer that comes after its
+deadline is no answer, and a queue the worker cannot drain in time only
+makes every later answer late too.
 
 Hysteresis: a level is entered when pressure reaches its ``enter`` mark and
 left only when pressure has stayed below its lower ``exit`` mark for
@@ -19,10 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from schemas.messages import Lane, Path
+from schemas.settings import FlowSettings
 from streams.classify.features import Complexity
 from streams.classify.policy import Decision
 
-__all__ = ["FlowController", "Shed", "apply_level"]
+__all__ = ["FlowController", "LaneFull", "Shed", "apply_level", "realtime_full"]
 
 
 class FlowController:
@@ -60,9 +66,35 @@ class Shed:
     retry_after_ms: int
 
 
-def apply_level(decision: Decision, level: int, retry_after_ms: int) -> Decision | Shed:
+@dataclass(frozen=True, slots=True)
+class LaneFull:
+    """A lane whose backlog is at its mark: its new model requests are refused."""
+
+    lane: Lane
+    waiting: int
+    retry_after_ms: int
+
+
+def realtime_full(waiting: int, flow: FlowSettings) -> LaneFull | None:
+    """The realtime lane, when ``waiting`` is at its ``realtime_max_backlog``."""
+    mark = flow.realtime_max_backlog
+    if mark is None or waiting < mark:
+        return None
+    return LaneFull(Lane.REALTIME, waiting, flow.realtime_retry_after_ms)
+
+
+def apply_level(
+    decision: Decision, level: int, retry_after_ms: int, full: LaneFull | None = None
+) -> Decision | Shed:
     """The policy's decision as the current level allows it. A path changed
-    here keeps the chosen one in ``requested_path`` (the answer says degraded)."""
+    here keeps the chosen one in ``requested_path`` (the answer says degraded).
+    ``full``: the realtime lane, when it has more waiting than it can answer
+    in time; a model request for it is refused with a short retry hint."""
+    if full is not None and decision.lane is full.lane and not decision.forced:
+        return Shed(
+            f"{full.lane} lane full ({full.waiting} requests waiting); retry shortly",
+            full.retry_after_ms,
+        )
     if level >= 2 and decision.lane is Lane.BULK:
         return Shed(f"bulk intake paused (load level {level})", retry_after_ms)
     if decision.path is not Path.HEAVY or decision.forced:

@@ -3,10 +3,10 @@ import json
 import pytest
 
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
-from schemas.settings import RoutingSettings, Settings
+from schemas.settings import FlowSettings, RoutingSettings, Settings
 from streams.classify.classifier import SourceRecord, classify_record
 from streams.classify.features import Complexity
-from streams.classify.flow import FlowController, Shed, apply_level
+from streams.classify.flow import FlowController, LaneFull, Shed, apply_level, realtime_full
 from streams.classify.policy import Decision
 from streams.rules.engine import RuleBook
 
@@ -103,3 +103,45 @@ def test_a_forced_path_is_never_moved_but_bulk_is_still_shed() -> None:
     forced = Decision(Lane.MEDIUM, Path.HEAVY, Complexity.SIMPLE, forced=True)
     assert apply_level(forced, 3, 1) == forced
     assert isinstance(apply_level(Decision(Lane.BULK, Path.HEAVY, forced=True), 2, 1), Shed)
+
+
+def test_a_full_realtime_lane_refuses_model_requests_fast() -> None:
+    """At its backlog mark realtime sheds with a short retry hint, at any
+    level; other lanes and forced paths are left alone."""
+    flow = FlowSettings(realtime_max_backlog=16, realtime_retry_after_ms=700)
+    assert realtime_full(15, flow) is None
+    full = realtime_full(16, flow)
+    assert full == LaneFull(Lane.REALTIME, 16, 700)
+    assert realtime_full(10_000, FlowSettings(realtime_max_backlog=None)) is None
+    light = Decision(Lane.REALTIME, Path.LIGHT)
+    assert apply_level(light, 0, 5_000, full) == Shed(
+        "realtime lane full (16 requests waiting); retry shortly", 700
+    )
+    medium = Decision(Lane.MEDIUM, Path.HEAVY, Complexity.COMPLEX)
+    assert apply_level(medium, 0, 5_000, full) == medium
+    forced = Decision(Lane.REALTIME, Path.HEAVY, forced=True)
+    assert apply_level(forced, 0, 5_000, full) == forced
+
+
+def test_a_full_realtime_lane_still_answers_by_rules() -> None:
+    from streams.classify.classifier import Admitted, admit, route
+    from streams.classify.policy import Found
+    from streams.classify.registry import builtin_registry
+    from streams.classify.router import SmartRouter
+    from streams.rules.engine import RuleBook
+
+    settings = Settings()
+    router = SmartRouter(builtin_registry(settings.backend), settings.routing)
+    full = realtime_full(100, settings.flow)
+    now = 1_000_000
+
+    def classified(prompt: str, found: Found) -> str:
+        raw = json.dumps({"id": "r", "prompt": prompt, "lane": "realtime"}).encode()
+        admitted = admit(SourceRecord(raw, None, now, "t", 0, 0), now_ms=now, settings=settings)
+        assert isinstance(admitted, Admitted)
+        out = route(admitted, found, now_ms=now, settings=settings, router=router, full=full)
+        return out.outcome
+
+    greeting = RuleBook().answer("hello")
+    assert classified("hello", Found(rule=greeting)) == "answered"
+    assert classified("What is the capital of France?", Found()) == "shed"
