@@ -150,8 +150,9 @@ class LaneWorker:
         failure is kept (answered as INF-502, retried at each heartbeat)."""
         failing = []
         for path, slot in self.executor.slots.items():
-            if path in self._probed:
+            if path in self._probed and slot.backend is not None:
                 continue
+            self._probed.discard(path)  # dropped after a CUDA error: load and ask again
             try:
                 backend = await slot.get()
             except Exception as exc:
@@ -255,7 +256,10 @@ class LaneWorker:
             return
         try:
             while not self._stopping.is_set():
-                if len(self._probed) < len(self.executor.slots):
+                if any(
+                    path not in self._probed or slot.backend is None
+                    for path, slot in self.executor.slots.items()
+                ):
                     await self._warm_up()  # a failed load is retried after load_retry_s
                 await self.workers.announce(self.card())
                 with contextlib.suppress(TimeoutError):

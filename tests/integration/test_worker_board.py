@@ -9,6 +9,7 @@ from pathlib import Path as FsPath
 
 import redis.asyncio as aioredis
 
+from schemas.errors import CudaFailure
 from schemas.messages import Lane, Path
 from schemas.settings import BackendSettings, MediumLaneSettings, RealtimeLaneSettings, Settings
 from streams.classify.features import Complexity
@@ -81,6 +82,16 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
         assert router.choose(Complexity.COMPLEX, Lane.REALTIME, {}).path is Path.HEAVY
         served = serving[Lane.REALTIME]
         assert router.choose(Complexity.COMPLEX, Lane.REALTIME, {}, served).path is Path.LIGHT
+
+        # A CUDA error drops the loaded backend: the path leaves the card, and
+        # the next heartbeat loads it, asks it, and lists it again.
+        await worker.executor.slots[Path.LIGHT].mark_unhealthy(CudaFailure("device lost"))
+        assert worker.card().paths == ()
+        for _ in range(50):
+            if worker.card().paths:
+                break
+            await asyncio.sleep(0.1)
+        assert [p.path for p in worker.card().paths] == [Path.LIGHT]
 
         worker.stop()
         await asyncio.wait_for(running, timeout=10)
