@@ -47,6 +47,7 @@ from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.kafka.topics import create_topics, wait_for_broker
 from streams.tools.embedded import EmbeddedBroker, EmbeddedRedis, free_port
+from streams.tools.supervisor import is_ready
 
 __all__ = ["PhaseRow", "format_rows", "main", "phase_requests", "run_classifier_bench"]
 
@@ -156,14 +157,6 @@ def batches_taken(port: int) -> float | None:
     return None
 
 
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 class Classifier:
     """One classifier process on topics and Redis keys of its own."""
 
@@ -207,7 +200,7 @@ class Classifier:
                 stdin=subprocess.DEVNULL,
             )
         give_up = time.monotonic() + timeout_s
-        while not _ready(self.port):
+        while not is_ready(self.port):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"classifier exited with {self.proc.returncode}: {self.tail()}")
             if time.monotonic() > give_up:

@@ -29,7 +29,7 @@ from schemas.settings import Settings
 from streams.kafka.topics import create_topics, wait_for_broker
 from streams.tools.embedded import EmbeddedBroker, EmbeddedRedis, free_port
 
-__all__ = ["Child", "Stack"]
+__all__ = ["Child", "Stack", "is_ready"]
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class Stack:
         give_up = time.monotonic() + timeout_s
         waiting = [c for c in self.children if names is None or c.name in names]
         while waiting:
-            waiting = [c for c in waiting if not _ready(c.http_port)]
+            waiting = [c for c in waiting if not is_ready(c.http_port)]
             for c in waiting:
                 if c.proc is not None and c.proc.poll() is not None:
                     raise RuntimeError(f"{c.name} exited with {c.proc.returncode} while starting")
@@ -245,7 +245,8 @@ def _without_password(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-def _ready(port: int) -> bool:
+def is_ready(port: int) -> bool:
+    """Whether the laneway process serving ``port`` answers ``/readyz`` with 200."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
             return bool(response.status == 200)
