@@ -294,17 +294,14 @@ class ResponseCache:
 
     async def lookup(self, request: InferenceRequest, context: str = "") -> CacheHit | None:
         """The cached answer for ``request``, or ``None``. Never raises."""
-        if not self._settings.enabled:
-            return None
-        read, _ = cache_control(request)
-        if not read or request.temperature != 0:
-            LOOKUPS.labels("bypass").inc()
+        probe = self.probe(request, context)
+        if probe is None:
             return None
         if self._failopen.resting():
             LOOKUPS.labels("error").inc()
             return None
         try:
-            hit = await self._lookup(request, context)
+            hit = await self._lookup(probe)
         except (RedisError, OSError) as exc:
             self._failopen.failed("lookup", exc)
             LOOKUPS.labels("error").inc()
@@ -317,10 +314,8 @@ class ResponseCache:
         LOOKUPS.labels(hit.kind if hit else "miss").inc()
         return hit
 
-    async def _lookup(self, request: InferenceRequest, context: str) -> CacheHit | None:
-        text = normalise_prompt(request)
-        scope = cache_scope(request, self._settings, context)
-        key = key_of(scope, text)
+    async def _lookup(self, probe: Probe) -> CacheHit | None:
+        request, text, scope, key = probe.request, probe.text, probe.scope, probe.key
         hit = await self._fetch(key, "exact", 1.0)
         if hit is not None or self._index is None or self._embedder is None:
             return hit
