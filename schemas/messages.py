@@ -249,6 +249,12 @@ class RoutedRequest(WireModel):
     explored: bool = False
     """The router sent it down a path other than the best-scored one, to
     keep measuring that path (``LANEWAY_ROUTING_EXPLORATION``)."""
+    version: str | None = None
+    """The registry version of ``path`` to run (``None``: the worker's active
+    one), assigned stably by session, tenant or id (``streams.rollout``)."""
+    shadow: bool = False
+    """A copy for a shadow version: its answer goes to ``<p>.shadow`` only,
+    never to the client, the results topic, the cache or the session."""
 
     def remaining_ms(self, now_ms: int) -> float | None:
         return None if self.deadline_at_ms is None else self.deadline_at_ms - now_ms
@@ -300,6 +306,8 @@ class InferenceResult(WireModel):
     """The path the router chose, when ``degraded``."""
     explored: bool = False
     """The router chose the path to measure it, not for its score."""
+    version: str | None = None
+    """The registry version of ``path`` that answered (or failed)."""
 
     @classmethod
     def failure(
@@ -331,10 +339,12 @@ class QualityEvent(WireModel):
     """One per terminal result (``kind="result"``), one per failed attempt on
     a path that a fallback then served (``"attempt"``), one per client
     feedback joined to its path (``"feedback"``), one per feature drift
-    alarm (``"drift"``). The router's live record is built from these."""
+    alarm (``"drift"``), one per canary the quality loop drained to 0%
+    (``"rollback"``, with its ``reason``). The router's live record is built
+    from these."""
 
     schema_version: Literal[1] = 1
-    kind: Literal["result", "attempt", "feedback", "drift"] = "result"
+    kind: Literal["result", "attempt", "feedback", "drift", "rollback"] = "result"
     id: str
     tenant: str | None = None
     lane: Lane | None = None
@@ -355,6 +365,10 @@ class QualityEvent(WireModel):
     cache_key: str | None = None
     """The cache entry the answer came from, or was stored under: bad
     feedback on the answer evicts it."""
+    version: str | None = None
+    """The registry version of ``path`` the event is about."""
+    reason: str | None = None
+    """Why, on ``rollback`` events."""
 
     @classmethod
     def of(
@@ -379,6 +393,7 @@ class QualityEvent(WireModel):
             cache_hit=result.path == Path.CACHE,
             ts_ms=ts_ms,
             cache_key=cache_key,
+            version=result.version,
         )
 
 

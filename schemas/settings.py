@@ -29,6 +29,7 @@ __all__ = [
     "PrewarmSettings",
     "RateLimitSettings",
     "RedisSettings",
+    "RolloutSettings",
     "RoutingSettings",
     "RulesSettings",
     "SessionSettings",
@@ -309,6 +310,29 @@ class RoutingSettings(BaseSettings):
     router (a single-path baseline; ``laneway bench`` compares against it)."""
 
 
+class RolloutSettings(BaseSettings):
+    """Model versions: canary, shadow and automatic rollback (``streams.rollout``)."""
+
+    model_config = _config("LANEWAY_ROLLOUT_")
+
+    refresh_s: float = Field(default=2.0, gt=0)
+    """How often a classifier re-reads the roll-out state in Redis (and the
+    versions live workers serve): a ``laneway models`` change reaches every
+    replica within this."""
+    auto_rollback: bool = True
+    """The quality loop drains a canary worse than its active version to 0%."""
+    min_events: int = Field(default=20, ge=1)
+    """Outcomes a canary needs since its share was set before it is judged."""
+    success_margin: float = Field(default=0.1, ge=0, le=1)
+    """Rolled back when its success rate is below the active version's by more."""
+    latency_margin: float = Field(default=0.5, ge=0)
+    """Rolled back when its latency is above the active version's by more
+    than this ratio (0.5: 50% slower)."""
+    feedback_margin: float = Field(default=0.2, ge=0, le=1)
+    """Rolled back when its feedback quality (0..1) is below the active
+    version's by more."""
+
+
 class ClassifierSettings(BaseSettings):
     """How the classifier takes its records (``streams.classify.batch``)."""
 
@@ -525,6 +549,7 @@ class Settings(BaseSettings):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     classifier: ClassifierSettings = Field(default_factory=ClassifierSettings)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     rules: RulesSettings = Field(default_factory=RulesSettings)
     session: SessionSettings = Field(default_factory=SessionSettings)
     drift: DriftSettings = Field(default_factory=DriftSettings)

@@ -46,8 +46,10 @@ def attempt_events(finished: Finished, settings: Settings) -> list[Outbound]:
     served it (or before it failed for good): the router must learn of a
     failing path even when the fallback hides it from the client."""
     return [
-        attempt_event(finished.routed, finished.result, Path(path), error.code, settings)
-        for path, error in finished.failed
+        attempt_event(
+            finished.routed, finished.result, Path(path), error.code, settings, version=version
+        )
+        for path, version, error in finished.failed
     ]
 
 
@@ -57,8 +59,10 @@ def attempt_event(
     path: Path,
     error_code: ErrorCode,
     settings: Settings,
+    *,
+    version: str | None = None,
 ) -> Outbound:
-    """One failed attempt on ``path``, for the quality loop."""
+    """One failed attempt on ``path`` (and ``version``), for the quality loop."""
     event = QualityEvent(
         kind="attempt",
         id=result.id,
@@ -69,6 +73,7 @@ def attempt_event(
         error_code=error_code,
         latency_ms=result.timings.total_ms,
         ts_ms=int(time.time() * 1000),
+        version=version,
     )
     # Keyed by request id, as every quality event: spread over the partitions.
     return Outbound(settings.topic("quality"), result.id.encode(), event.model_dump_json().encode())

@@ -55,8 +55,8 @@ def split_duplicates(
 
 def _shareable_key(routed: RoutedRequest, settings: Settings) -> str | None:
     request = routed.request
-    if not settings.cache_in_use or request.temperature != 0:
-        return None
+    if routed.shadow or not settings.cache_in_use or request.temperature != 0:
+        return None  # a shadow copy's answer is its version's own
     if cache_control(request) != (True, True):
         return None
     return cache_key(request, settings.cache, context_digest(routed.history))

@@ -13,6 +13,15 @@ eligible path (heavy <-> light) and come back marked ``degraded`` with the
 path the router chose; INF-502 only when no path can serve. A CUDA error
 opens the breaker at once and drops the loaded backend: the probe after the
 cooldown loads it again.
+
+A path may have several versions (``streams.classify.registry``): a worker
+loads the active version of each of its paths (``slots``) and every other
+version that is not retired (``versions``, keyed by path and version). A
+request routed to a version runs on that version's slot; when it cannot
+serve it (not loaded here, failed, circuit open) the path's active version
+answers it, then the other path's, so a failing canary costs its clients
+nothing while the quality loop counts its failures (``attempt`` events
+carry the version).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from schemas.errors import (
 )
 from schemas.messages import ChatMessage, InferenceResult, Lane, Path, RoutedRequest, Timings, Usage
 from schemas.settings import BackendSettings
+from streams.classify.registry import ModelRegistry, builtin_registry
 from streams.stores.sessions import with_history
 from workers.backends.base import (
     Backend,
@@ -48,7 +58,16 @@ from workers.backends.base import (
 from workers.batcher import run_batch
 from workers.breaker import CircuitBreaker
 
-__all__ = ["BREAKER_STATE", "BackendSlot", "Executor", "backend_slots"]
+__all__ = [
+    "BREAKER_STATE",
+    "FALLBACK",
+    "BackendSlot",
+    "Executor",
+    "Failure",
+    "SlotKey",
+    "backend_slots",
+    "version_slots",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +93,11 @@ class BackendSlot:
         retry_s: float,
         label: str,
         breaker: CircuitBreaker | None = None,
+        version: str | None = None,
     ) -> None:
         self._factory = factory
+        self.version = version
+        """The registry version this slot loads (``None``: rules, or unversioned)."""
         self.breaker = breaker or CircuitBreaker(failures=5, window_s=30.0, cooldown_s=10.0)
         self._retry_s = retry_s
         self.label = label
@@ -126,30 +148,57 @@ class BackendSlot:
             self.backend = None
 
 
+SlotKey = tuple[Path, str]
+"""A model path and one of its registry versions."""
+
+
 def backend_slots(
-    settings: BackendSettings, paths: Iterable[Path] = (Path.LIGHT, Path.HEAVY)
+    settings: BackendSettings,
+    paths: Iterable[Path] = (Path.LIGHT, Path.HEAVY),
+    registry: ModelRegistry | None = None,
 ) -> dict[Path, BackendSlot]:
-    """The configured backend of each of ``paths``, and of ``rules``: a
-    worker loads only the models of the paths it serves."""
-    models = {
-        Path.LIGHT: (settings.light, settings.light_model),
-        Path.HEAVY: (settings.heavy, settings.heavy_model),
-    }
-    wanted = {path: models[path] for path in paths if path in models}
-    wanted[Path.RULES] = ("rules", "rules")
+    """The backend of the active version of each of ``paths`` in
+    ``registry`` (the built-in one, from ``settings``' light and heavy
+    models, when ``None``), and of ``rules``: a worker loads only the models
+    of the paths it serves. ``version_slots`` adds the other versions."""
+    registry = registry or builtin_registry(settings)
+    slots: dict[Path, BackendSlot] = {}
+    for path in paths:
+        entry = registry.for_path(path)
+        if entry is not None and path in (Path.LIGHT, Path.HEAVY):
+            slots[path] = _slot(settings, path, entry.backend, entry.name, entry.version)
+    slots[Path.RULES] = _slot(settings, Path.RULES, "rules", "rules", None)
+    return slots
+
+
+def version_slots(
+    settings: BackendSettings, registry: ModelRegistry, paths: Iterable[Path]
+) -> dict[SlotKey, BackendSlot]:
+    """A backend for every version of ``paths`` that is neither the active
+    one nor retired (canaries and shadows), by path and version."""
     return {
-        path: BackendSlot(
-            functools.partial(create_backend, kind, model, settings),
-            settings.load_retry_s,
-            f"{path}={kind}:{model}",
-            CircuitBreaker(
-                failures=settings.breaker_failures,
-                window_s=settings.breaker_window_s,
-                cooldown_s=settings.breaker_cooldown_s,
-            ),
-        )
-        for path, (kind, model) in wanted.items()
+        (path, entry.version): _slot(settings, path, entry.backend, entry.name, entry.version)
+        for path in paths
+        for entry in registry.versions(path)
+        if entry.state in ("canary", "shadow")
     }
+
+
+def _slot(
+    settings: BackendSettings, path: Path, kind: str, model: str, version: str | None
+) -> BackendSlot:
+    label = f"{path}={kind}:{model}" + (f"@{version}" if version is not None else "")
+    return BackendSlot(
+        functools.partial(create_backend, kind, model, settings),
+        settings.load_retry_s,
+        label,
+        CircuitBreaker(
+            failures=settings.breaker_failures,
+            window_s=settings.breaker_window_s,
+            cooldown_s=settings.breaker_cooldown_s,
+        ),
+        version,
+    )
 
 
 FALLBACK: dict[Path, tuple[Path, ...]] = {
@@ -181,26 +230,50 @@ async def _infer_splitting(
     return outcomes
 
 
+Failure = tuple[Path, str | None, LanewayError]
+"""A path (and version) that failed a request, and why."""
+
+
 @dataclass(frozen=True, slots=True)
 class Finished:
     routed: RoutedRequest
     result: InferenceResult
-    failed: tuple[tuple[Path, LanewayError], ...] = ()
-    """Paths tried before the one that gave ``result``, and why each failed:
-    the quality loop counts them against those paths."""
+    failed: tuple[Failure, ...] = ()
+    """Paths (and versions) tried before the one that gave ``result``, and
+    why each failed: the quality loop counts them against those paths."""
 
 
 class Executor:
-    def __init__(self, lane: Lane, slots: dict[Path, BackendSlot], system_prompt: str = "") -> None:
+    def __init__(
+        self,
+        lane: Lane,
+        slots: dict[Path, BackendSlot],
+        system_prompt: str = "",
+        versions: dict[SlotKey, BackendSlot] | None = None,
+    ) -> None:
         self.lane = lane
         self.slots = slots
+        """The active version of each path served here (and rules)."""
+        self.versions = versions or {}
+        """Every other loaded version (canaries, shadows), by path and version."""
         self.system_prompt = system_prompt
+
+    def all_slots(self) -> list[tuple[Path, BackendSlot]]:
+        """Every slot with its path: the active ones first."""
+        return [*self.slots.items(), *((key[0], slot) for key, slot in self.versions.items())]
+
+    def _version_key(self, routed: RoutedRequest) -> str | None:
+        """The version ``routed`` asks for, ``None`` for the path's active one."""
+        active = self.slots.get(routed.path)
+        if routed.version is None or (active is not None and active.version == routed.version):
+            return None
+        return routed.version
 
     async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
         """One ``Finished`` per request, in the order of ``batch``."""
         started_ms = _now_ms()
         done: dict[int, Finished] = {}
-        live: dict[Path, list[int]] = {}
+        live: dict[tuple[Path, str | None, bool], list[int]] = {}
         for i, routed in enumerate(batch):
             remaining = routed.remaining_ms(int(started_ms))
             if remaining is not None and remaining <= 0:
@@ -209,33 +282,60 @@ class Executor:
                 )
                 done[i] = self._result(routed, error, None, started_ms, 0.0, len(batch))
             else:
-                live.setdefault(routed.path, []).append(i)
-        for path, indexes in live.items():
+                key = (routed.path, self._version_key(routed), routed.shadow)
+                live.setdefault(key, []).append(i)
+        for (path, version, shadow), indexes in live.items():
             group = [batch[i] for i in indexes]
-            finished = await self._run_path(path, group, len(batch))
+            finished = await self._run_path(path, group, len(batch), version, shadow=shadow)
             done.update(zip(indexes, finished, strict=True))
         return [done[i] for i in range(len(batch))]
 
+    def _candidates(
+        self, path: Path, version: str | None, shadow: bool = False
+    ) -> list[tuple[Path, str | None, BackendSlot | None]]:
+        """Where ``path``'s requests (for ``version``) are tried, in order:
+        that version, the path's active version, then the fallback paths'.
+        A shadow copy runs on its version or not at all: another version's
+        answer would compare nothing."""
+        tried: list[tuple[Path, str | None, BackendSlot | None]] = []
+        if version is not None:
+            tried.append((path, version, self.versions.get((path, version))))
+            if shadow:
+                return tried
+        for candidate in (path, *FALLBACK[path]):
+            slot = self.slots.get(candidate)
+            tried.append((candidate, slot.version if slot else None, slot))
+        return tried
+
     async def _run_path(
-        self, path: Path, group: list[RoutedRequest], batch_size: int
+        self,
+        path: Path,
+        group: list[RoutedRequest],
+        batch_size: int,
+        version: str | None = None,
+        *,
+        shadow: bool = False,
     ) -> list[Finished]:
-        """Run ``group`` on its path; what fails there for the backend's sake
-        (unreachable, CUDA, out of memory) or meets an open breaker moves on
-        to the next eligible path and is marked degraded."""
+        """Run ``group`` on its path (and ``version``); what fails there for
+        the backend's sake (unreachable, CUDA, out of memory) or meets an
+        open breaker moves on to the path's active version, then the next
+        eligible path (marked degraded)."""
         done: dict[int, Finished] = {}
         pending = list(range(len(group)))
         errors: dict[int, LanewayError] = {}
-        failed: dict[int, list[tuple[Path, LanewayError]]] = {}
+        failed: dict[int, list[Failure]] = {}
         skipped: list[str] = []
-        for candidate in (path, *FALLBACK[path]):
-            slot = self.slots.get(candidate)
+        candidates = self._candidates(path, version, shadow)
+        asked = (path, candidates[0][1])
+        for candidate, served_version, slot in candidates:
+            name = candidate if served_version is None else f"{candidate}@{served_version}"
             if not pending:
                 break
             if slot is None:
-                skipped.append(f"no backend serves {candidate}")
+                skipped.append(f"no backend serves {name}")
                 continue
             if not slot.breaker.allow():
-                skipped.append(f"{candidate} circuit open")
+                skipped.append(f"{name} circuit open")
                 BREAKER_STATE.labels(self.lane, candidate).set(BREAKER_LEVELS[slot.breaker.state])
                 continue
             started_ms = _now_ms()
@@ -255,7 +355,7 @@ class Executor:
             for i, outcome in zip(pending, outcomes, strict=True):
                 if _backend_failed(outcome):
                     errors[i] = outcome
-                    failed.setdefault(i, []).append((candidate, outcome))
+                    failed.setdefault(i, []).append((candidate, served_version, outcome))
                     still.append(i)
                     continue
                 done[i] = self._result(
@@ -267,6 +367,7 @@ class Executor:
                     batch_size,
                     candidate,
                     tuple(failed.get(i, ())),
+                    served_version,
                 )
             pending = still
         now = _now_ms()
@@ -282,7 +383,8 @@ class Executor:
                 0.0,
                 batch_size,
                 path,
-                tuple(f for f in failed.get(i, ()) if f[0] != path),
+                tuple(f for f in failed.get(i, ()) if (f[0], f[1]) != asked),
+                asked[1],
             )
         return [done[i] for i in range(len(group))]
 
@@ -320,7 +422,8 @@ class Executor:
         inference_ms: float,
         batch_size: int,
         served_by: Path | None = None,
-        failed: tuple[tuple[Path, LanewayError], ...] = (),
+        failed: tuple[Failure, ...] = (),
+        version: str | None = None,
     ) -> Finished:
         now = _now_ms()
         path = served_by or routed.path
@@ -343,7 +446,7 @@ class Executor:
                 timings=timings,
                 batch_id=request.batch_id,
                 explored=routed.explored,
-            )
+            ).model_copy(update={"version": version})
         else:
             result = InferenceResult(
                 id=request.id,
@@ -360,9 +463,10 @@ class Executor:
                 timings=timings,
                 batch_id=request.batch_id,
                 explored=routed.explored,
+                version=version,
             )
         return Finished(routed, result, failed)
 
     async def close(self) -> None:
-        for slot in self.slots.values():
+        for _, slot in self.all_slots():
             await slot.close()

@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
+from streams.classify.registry import load_registry
 from streams.kafka.envelopes import Outbound, deliver
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.stores.backlog import BacklogBoard
@@ -43,8 +44,8 @@ from workers.answered import attempt_events, cached_result
 from workers.batcher import collect_batch
 from workers.check import probe
 from workers.coalesce import shared_result, split_duplicates
-from workers.execution import Executor, backend_slots
-from workers.result_store import RecordKey, ResultStore
+from workers.execution import BackendSlot, Executor, backend_slots, version_slots
+from workers.result_store import RecordKey, ResultStore, record_id
 from workers.retry import RetryRelay
 from workers.settle import Answer, give_up, reject_unreadable, settle_failures, terminal_for
 
@@ -91,11 +92,16 @@ class LaneWorker:
         self.lane = lane
         self.lane_settings = settings.lane(lane)
         self.state = state or ProcessState()
-        self.executor = executor or Executor(
-            lane,
-            backend_slots(settings.backend, settings.worker_paths(lane)),
-            settings.backend.system_prompt,
-        )
+        if executor is None:
+            registry = load_registry(settings.routing.models_file, settings.backend)
+            paths = settings.worker_paths(lane)
+            executor = Executor(
+                lane,
+                backend_slots(settings.backend, paths, registry),
+                settings.backend.system_prompt,
+                version_slots(settings.backend, registry, paths),
+            )
+        self.executor = executor
         self.store = store
         self.board = board
         self.on_answered = on_answered
@@ -105,8 +111,8 @@ class LaneWorker:
         self.workers = workers
         """Where this worker announces the paths it serves (``None``: nowhere)."""
         self._worker_id = uuid.uuid4().hex[:8]
-        self._probed: set[Path] = set()
-        """Paths whose backend loaded and answered a test inference."""
+        self._probed: set[int] = set()
+        """Slots (by ``id``) whose backend loaded and answered a test inference."""
         self._reported_at = 0.0
         self._next_offset: dict[TopicPartition, int] = {}
         """Per partition, the offset after the last record handed to this worker."""
@@ -146,29 +152,36 @@ class LaneWorker:
     async def _warm_up(self) -> None:
         """Load the model paths before the first request, so its latency is
         not a model load, and have each answer one short inference. The
-        worker is ready only once every path it serves has answered; a
-        failure is kept (answered as INF-502, retried at each heartbeat)."""
-        failing = []
-        for path, slot in self.executor.slots.items():
-            if path in self._probed and slot.backend is not None:
+        worker is ready only once the active version of every path it serves
+        has answered (a canary or shadow version that fails is logged, not
+        listed, and tried again); a failure is kept (answered as INF-502,
+        retried at each heartbeat)."""
+        failing: list[str] = []
+        others: list[str] = []
+        active = {id(slot) for slot in self.executor.slots.values()}
+        for path, slot in self.executor.all_slots():
+            if id(slot) in self._probed and slot.backend is not None:
                 continue
-            self._probed.discard(path)  # dropped after a CUDA error: load and ask again
+            self._probed.discard(id(slot))  # dropped after a CUDA error: load and ask again
+            problems = failing if id(slot) in active else others
             try:
                 backend = await slot.get()
             except Exception as exc:
-                failing.append(f"{path}: {exc}")
+                problems.append(f"{slot.label}: {exc}")
                 continue
             if path == Path.RULES or backend.kind == "rules":  # no model to ask
-                self._probed.add(path)
+                self._probed.add(id(slot))
                 continue
             answered, detail = await probe(backend)
             if answered:
-                self._probed.add(path)
-                log.info("%s: %s answered its test inference: %r", self.lane, path, detail)
+                self._probed.add(id(slot))
+                log.info("%s: %s answered its test inference: %r", self.lane, slot.label, detail)
             else:
-                failing.append(f"{path}: test inference failed: {detail}")
+                problems.append(f"{slot.label}: test inference failed: {detail}")
         for reason in failing:
             log.warning("%s: backend not ready: %s", self.lane, reason)
+        for reason in others:
+            log.warning("%s: version not served: %s", self.lane, reason)
         self.state.ready = not failing
         self.state.detail = (
             f"{self.lane} worker consuming {self.topic}"
@@ -235,15 +248,17 @@ class LaneWorker:
                 await relay
 
     def card(self) -> WorkerCard:
-        """What this worker serves now: the paths whose backend is loaded and
+        """What this worker serves now: the paths (and versions) whose
+        backend is loaded; a canary or shadow version only once it also
         answered its test inference."""
         lane = self.lane_settings
+        active = {id(slot) for slot in self.executor.slots.values()}
         paths = tuple(
-            PathCard(
-                path, slot.backend.kind, slot.backend.model, DEVICES.get(slot.backend.kind, "cpu")
-            )
-            for path, slot in self.executor.slots.items()
-            if path != Path.RULES and slot.backend is not None
+            _path_card(path, slot)
+            for path, slot in self.executor.all_slots()
+            if path != Path.RULES
+            and slot.backend is not None
+            and (id(slot) in active or id(slot) in self._probed)
         )
         capacity = lane.max_batch_size * lane.max_inflight_batches
         return WorkerCard(self._worker_id, self.lane, paths, capacity)
@@ -257,8 +272,8 @@ class LaneWorker:
         try:
             while not self._stopping.is_set():
                 if any(
-                    path not in self._probed or slot.backend is None
-                    for path, slot in self.executor.slots.items()
+                    id(slot) not in self._probed or slot.backend is None
+                    for _, slot in self.executor.all_slots()
                 ):
                     await self._warm_up()  # a failed load is retried after load_retry_s
                 await self.workers.announce(self.card())
@@ -333,7 +348,8 @@ class LaneWorker:
             except ValidationError as exc:
                 outbound += reject_unreadable(record, exc, self.settings, self.lane)
                 continue
-            key = (record.topic, record.partition, record.offset, routed.request.id)
+            rid = record_id(routed.request.id, routed.version, shadow=routed.shadow)
+            key = (record.topic, record.partition, record.offset, rid)
             batch.append((key, routed))
 
         stored, parked_before = (
@@ -376,8 +392,9 @@ class LaneWorker:
             # Only once the retry records are acknowledged: a crash before this
             # parks them again on redelivery, a duplicate rather than a loss.
             await self.store.park_many(parked)
-        if self.on_answered is not None and answers:
-            await self.on_answered([(routed, result) for _, routed, result in answers])
+        live = [(routed, result) for _, routed, result in answers if not routed.shadow]
+        if self.on_answered is not None and live:
+            await self.on_answered(live)  # a shadow answer joins no cache, no session
         if after is not None:
             await after  # in order: a failed earlier batch fails this one too, uncommitted
         await self._commit(records)
@@ -419,7 +436,10 @@ class LaneWorker:
                 (key, item.routed, item.result) for (key, _), item in zip(alone, more, strict=True)
             ]
         return answers, [
-            event for item in finished for event in attempt_events(item, self.settings)
+            event
+            for item in finished
+            if not item.routed.shadow  # shadow trouble is on the shadow topic, not the path's
+            for event in attempt_events(item, self.settings)
         ]
 
     async def _isolate(
@@ -461,6 +481,7 @@ class LaneWorker:
         if self.cache is None:
             return []
         cache = self.cache
+        fresh = [(key, routed) for key, routed in fresh if not routed.shadow]  # runs its version
         hits = await asyncio.gather(
             *(cache.lookup(routed.request, context_digest(routed.history)) for _, routed in fresh)
         )
@@ -511,6 +532,14 @@ class LaneWorker:
         await self.executor.close()
         if self.store is not None:
             await self.store.close()
+
+
+def _path_card(path: Path, slot: BackendSlot) -> PathCard:
+    backend = slot.backend
+    assert backend is not None
+    return PathCard(
+        path, backend.kind, backend.model, DEVICES.get(backend.kind, "cpu"), slot.version
+    )
 
 
 class _ForgetOnRebalance(ConsumerRebalanceListener):

@@ -6,7 +6,10 @@ stored results (the client drops them as duplicates) instead of running the
 models a second time. The key is the lane record's topic, partition, offset
 and request id, which a redelivery repeats and no other request shares.
 A record parked on the retry topic (``workers.retry``) is remembered the
-same way, so a redelivered batch does not park it a second time.
+same way, so a redelivered batch does not park it a second time. A shadow
+copy (``RoutedRequest.shadow``) is its own lane record with the same
+request id as the live one; its key names ``<id>@shadow:<version>``
+(``record_id``), so the two never share an entry.
 
 Redis is never in the way: every error is logged, counted and treated as a
 miss (fail-open), with short socket timeouts.
@@ -24,7 +27,7 @@ from redis.exceptions import RedisError
 from schemas.messages import InferenceResult
 from streams.ops import REDIS_ERRORS
 
-__all__ = ["RecordKey", "ResultStore"]
+__all__ = ["RecordKey", "ResultStore", "record_id"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,17 @@ RecordKey = tuple[str, int, int, str]
 """(topic, partition, offset) of a lane record, and the request id it carries.
 The id guards against a fresh broker that starts its offsets at 0 again
 while an older run's results are still in Redis."""
+
+SHADOW_MARK = "@shadow:"
+
+
+def record_id(request_id: str, version: str | None = None, *, shadow: bool = False) -> str:
+    """The id part of a ``RecordKey``: the request's, marked for a shadow copy."""
+    return f"{request_id}{SHADOW_MARK}{version or '-'}" if shadow else request_id
+
+
+def _request_id(record: RecordKey) -> str:
+    return record[3].split(SHADOW_MARK, 1)[0]
 
 
 class ResultStore:
@@ -78,7 +92,7 @@ class ResultStore:
             except ValidationError:
                 log.warning("unreadable stored result for %s; running it again", record)
                 continue
-            if result.id == record[3]:
+            if result.id == _request_id(record):
                 found[record] = result
         parked = {
             record

@@ -48,6 +48,7 @@ __all__ = [
     "give_up",
     "reject_unreadable",
     "settle_failures",
+    "shadow_record",
     "terminal_for",
 ]
 
@@ -76,8 +77,8 @@ def settle_failures(
     parked: list[RecordKey] = []
     outbound: list[Outbound] = []
     for key, routed, result in answers:
-        if not is_retryable(result) or result.error is None:
-            left.append((key, routed, result))
+        if routed.shadow or not is_retryable(result) or result.error is None:
+            left.append((key, routed, result))  # a shadow copy's failure is only recorded
             continue
         record = by_offset[key[:3]]
         attempt = read_mark(record.headers).attempt
@@ -102,7 +103,11 @@ def settle_failures(
             outbound.append(retry_record(record, plan.mark, result, settings, lane))
             # The router hears of the failure now, not when the last attempt ends.
             path = result.path or routed.path
-            outbound.append(attempt_event(routed, result, path, result.error.code, settings))
+            outbound.append(
+                attempt_event(
+                    routed, result, path, result.error.code, settings, version=result.version
+                )
+            )
             parked.append(key)
             continue
         if isinstance(plan, Exhausted):
@@ -177,7 +182,10 @@ def reject_unreadable(
 def terminal_for(
     result: InferenceResult, routed: RoutedRequest, now_ms: int, settings: Settings
 ) -> list[Outbound]:
-    """The records of ``result``, the answer to ``routed``."""
+    """The records of ``result``, the answer to ``routed``: for a shadow
+    copy only its record on the shadow topic, never a reply."""
+    if routed.shadow:
+        return [shadow_record(result, settings)]
     return terminal_records(
         result,
         reply_to=routed.reply_to,
@@ -186,6 +194,12 @@ def terminal_for(
         settings=settings,
         cache_key=answer_cache_key(routed, result, settings),
     )
+
+
+def shadow_record(result: InferenceResult, settings: Settings) -> Outbound:
+    """A shadow version's answer on ``<p>.shadow``, keyed by request id
+    (``laneway models report`` joins it to the live answer on ``<p>.results``)."""
+    return Outbound(settings.topic("shadow"), result.id.encode(), result.model_dump_json().encode())
 
 
 def answer_cache_key(

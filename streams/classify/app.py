@@ -45,6 +45,7 @@ from streams.kafka.batches import BatchSend
 from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
+from streams.rollout.board import RolloutBoard
 from streams.rules.rulefile import RuleSource
 from streams.stores.backlog import BacklogBoard, LatencyBoard
 from streams.stores.workerboard import WorkerBoard
@@ -92,11 +93,11 @@ def build_app(
     redis = settings.redis.client()
     rules = rules or RuleSource.from_settings(settings.rules)
     lookups = BatchLookups(settings, redis, rules)
-    router = SmartRouter(
-        load_registry(settings.routing.models_file, settings.backend), settings.routing
-    )
+    registry = load_registry(settings.routing.models_file, settings.backend)
+    router = SmartRouter(registry, settings.routing)
     routes = RouteBoard(redis, settings.redis.key_prefix)
     workers = WorkerBoard(redis, settings.redis.key_prefix, stale_s=3 * settings.worker_heartbeat_s)
+    rollout = RolloutBoard(redis, settings.redis.key_prefix, registry, workers)
     live: dict[str, Any] = {"serving": None, "full": None}
     """What the timers last read: the worker board, and whether realtime is full."""
     backlog_board = BacklogBoard(redis, settings.redis.key_prefix)
@@ -115,6 +116,7 @@ def build_app(
         serving=lambda: live["serving"],
         full=lambda: live["full"],
         drift=drift,
+        rollout=lambda: rollout.current,
     )
     app = new_app(settings, settings.app_id)
     requests = raw_topic(app, settings.topic("requests"))
@@ -191,6 +193,11 @@ def build_app(
     async def refresh_routes() -> None:
         await routes.refresh()
 
+    @app.timer(settings.rollout.refresh_s)
+    async def refresh_rollout() -> None:
+        """The live model versions (``laneway models``) and who serves them."""
+        await rollout.refresh()
+
     @app.timer(settings.rules.reload_interval_s)
     async def reload_rules() -> None:
         if rules.reload_if_changed():
@@ -247,6 +254,7 @@ def build_app(
         """Load the embedder and the route statistics before the first
         request needs them, so its latency is not a model load."""
         await routes.refresh()
+        await rollout.refresh()
         if lookups.semantic:
             await lookups.cache.sync()
         warm["loaded"] = True

@@ -60,6 +60,7 @@ from streams.classify.flow import LaneFull
 from streams.classify.policy import Found
 from streams.classify.router import PathStats, SmartRouter
 from streams.kafka.envelopes import dlq_for
+from streams.rollout.assign import RolloutView
 from streams.rules.engine import RuleAnswer, RuleMatch
 from streams.rules.rulefile import RuleSource
 from streams.stores.ratelimit import RateLimiter, Verdict
@@ -460,9 +461,11 @@ class BatchClassifier:
         full: Callable[[], LaneFull | None] = lambda: None,
         drift: DriftMonitor | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        rollout: Callable[[], RolloutView | None] = lambda: None,
     ) -> None:
         """``serving``: per lane, the paths live workers serve (the worker
-        board); ``None`` while it is not known."""
+        board); ``None`` while it is not known. ``rollout``: the model
+        versions as last read (``streams.rollout``)."""
         self.settings = settings
         self.lookups = lookups
         self.router = router
@@ -472,6 +475,7 @@ class BatchClassifier:
         self._full = full
         self._drift = drift
         self._clock_ms = clock_ms
+        self._rollout = rollout
 
     async def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
         """Each record's outcome, in order; runs the waves one after another.
@@ -567,6 +571,7 @@ class BatchClassifier:
             history=looked.history,
             serving=self._serving(),
             full=self._full(),
+            rollout=self._rollout(),
         )
         decision = classified.decision
         if self._drift is not None and decision is not None and decision.features is not None:

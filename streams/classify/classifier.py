@@ -13,7 +13,10 @@ produce. Outcomes:
 - a rule owns it       -> the rule's answer, path ``rules``
 - otherwise            -> a ``RoutedRequest`` on the chosen lane topic, down
                           the path the smart router picked, as the flow
-                          controller's load level allows (or INF-429 shed)
+                          controller's load level allows (or INF-429 shed),
+                          to the path's version the roll-out assigns
+                          (``streams.rollout``), plus a copy for each shadow
+                          version sampled (lowest-priority lane; none under load)
 
 An accepted request whose tenant is over its rate limit is turned into an
 INF-429 result by ``refuse_over_limit``. ``classify_record`` chains the
@@ -43,6 +46,7 @@ from streams.classify.policy import Decision, Found, decide
 from streams.classify.registry import builtin_registry
 from streams.classify.router import PathStats, SmartRouter
 from streams.kafka.envelopes import Outbound, dlq_for, terminal_records
+from streams.rollout.assign import RolloutView
 from streams.rules.engine import RuleBook
 from streams.stores.workerboard import Serving
 
@@ -54,6 +58,7 @@ __all__ = [
     "classify_record",
     "refuse_over_limit",
     "route",
+    "shadow_copies",
 ]
 
 
@@ -132,10 +137,12 @@ def route(
     history: Sequence[ChatMessage] = (),
     serving: Serving | None = None,
     full: LaneFull | None = None,
+    rollout: RolloutView | None = None,
 ) -> Classified:
     """``level``: the flow controller's load level (``streams.classify.flow``);
     ``serving``: per lane, the paths live workers serve (``None``: not known);
-    ``full``: a lane too full for new model requests (``flow.LaneFull``)."""
+    ``full``: a lane too full for new model requests (``flow.LaneFull``);
+    ``rollout``: the model versions (``None``: no version is named)."""
     request, reply_to = admitted.request, admitted.reply_to
     age_ms = admitted.age_ms(now_ms)
     decision = decide(request, found, settings.routing, router, stats or {}, serving)
@@ -171,11 +178,39 @@ def route(
         ),
         history=list(history),
         explored=adjusted.explored,
+        version=(rollout.version_for(request, adjusted.path, adjusted.lane) if rollout else None),
     )
-    out = Outbound(
-        settings.lane_topic(adjusted.lane), request.id.encode(), routed.model_dump_json().encode()
-    )
-    return Classified("routed", [out], None, request, reply_to, adjusted)
+    out = [
+        Outbound(
+            settings.lane_topic(adjusted.lane),
+            request.id.encode(),
+            routed.model_dump_json().encode(),
+        )
+    ]
+    if rollout is not None and level == 0:  # shadows never add to a loaded stack
+        out += shadow_copies(routed, rollout, settings)
+    return Classified("routed", out, None, request, reply_to, adjusted)
+
+
+def shadow_copies(
+    routed: RoutedRequest, rollout: RolloutView, settings: Settings
+) -> list[Outbound]:
+    """A copy of ``routed`` for each shadow version of its path sampled,
+    on the lowest-priority lane serving it, with no deadline (it waits
+    behind live work) and marked ``shadow``: its answer is only recorded."""
+    out = []
+    for version, lane in rollout.shadows_for(routed.request, routed.path):
+        copy = routed.model_copy(
+            update={"lane": lane, "version": version, "shadow": True, "deadline_at_ms": None}
+        )
+        out.append(
+            Outbound(
+                settings.lane_topic(lane),
+                routed.request.id.encode(),
+                copy.model_dump_json().encode(),
+            )
+        )
+    return out
 
 
 def classify_record(

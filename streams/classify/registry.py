@@ -1,9 +1,23 @@
-"""The model registry: what each model path can do and what it costs.
+"""The model registry: what each model path can do and what it costs, and
+which versions of each path exist.
 
 A YAML file (``LANEWAY_ROUTING_MODELS_FILE``) lists the models; without
-one, the registry describes the two embedded models. The router reads
-capability (``max_complexity``), lanes and cost from here; the workers
-load the backend named for each path in ``BackendSettings``. Example::
+one, the registry describes the two embedded models (``BackendSettings``'
+light and heavy model, as the active versions). The router reads
+capability (``max_complexity``), lanes and cost of each path's *active*
+version from here; the workers load a backend for every version of their
+paths that is not ``retired`` (``workers.execution.backend_slots``).
+
+A path may list several versions (``name`` is the model the ``backend``
+loads, ``version`` its label, unique within the path), each with a
+``state``: exactly one ``active`` per path (an entry without a state is
+the active one, so files written before versions existed still load), and
+any number of ``canary`` (``share``: the part of the path's traffic it
+gets, 0..1), ``shadow`` (a copy of ``share`` of the path's requests,
+default all, answered but never sent to the client) and ``retired``. The
+live states and shares are the roll-out state in Redis
+(``streams.rollout``), which overrides the file's; the file says what
+versions exist. Example::
 
     models:
       - name: smollm2-135m
@@ -15,6 +29,13 @@ load the backend named for each path in ``BackendSettings``. Example::
         cost_per_1k_tokens: 0.0002
         max_batch: 8
         expected_latency_ms: 800
+      - name: smollm2-360m
+        version: "2"
+        state: canary
+        share: 0.05
+        backend: llamacpp
+        path: light
+        max_complexity: simple
 """
 
 from __future__ import annotations
@@ -29,7 +50,16 @@ from schemas.messages import Lane, Path
 from schemas.settings import BackendSettings
 from streams.classify.features import Complexity
 
-__all__ = ["ModelEntry", "ModelRegistry", "RegistryError", "load_registry"]
+__all__ = [
+    "ModelEntry",
+    "ModelRegistry",
+    "RegistryError",
+    "VersionState",
+    "builtin_registry",
+    "load_registry",
+]
+
+VersionState = Literal["active", "canary", "shadow", "retired"]
 
 
 class RegistryError(ValueError):
@@ -49,6 +79,20 @@ class ModelEntry(BaseModel):
     max_batch: int = Field(default=8, ge=1)
     expected_latency_ms: float = Field(default=1_000.0, gt=0)
     """Latency the router assumes before the quality loop has measured any."""
+    state: VersionState = "active"
+    share: float | None = Field(default=None, ge=0, le=1)
+    """A canary's part of its path's traffic (unset: 0); the part of the
+    path's requests a shadow gets a copy of (unset: all)."""
+
+    @property
+    def traffic_share(self) -> float:
+        """The share this version's state gives it: 1 for the active version
+        (what the canaries leave), 0 for a retired one."""
+        if self.state == "canary":
+            return self.share or 0.0
+        if self.state == "shadow":
+            return 1.0 if self.share is None else self.share
+        return 1.0 if self.state == "active" else 0.0
 
     @property
     def model_path(self) -> Path:
@@ -65,22 +109,43 @@ class ModelRegistry(BaseModel):
     models: tuple[ModelEntry, ...]
 
     @model_validator(mode="after")
-    def _one_per_path(self) -> ModelRegistry:
-        paths = [m.path for m in self.models]
-        if not paths:
+    def _one_active_per_path(self) -> ModelRegistry:
+        if not self.models:
             raise ValueError("the registry lists no models")
-        if len(set(paths)) != len(paths):
-            raise ValueError(f"one model per path, got paths {paths}")
+        for path in dict.fromkeys(m.path for m in self.models):
+            versions = [m.version for m in self.models if m.path == path]
+            if len(set(versions)) != len(versions):
+                raise ValueError(f"path {path}: versions must be unique, got {versions}")
+            active = [m.version for m in self.models if m.path == path and m.state == "active"]
+            if len(active) != 1:
+                raise ValueError(
+                    f"path {path}: exactly one active version, got {len(active)} {active} "
+                    f"of versions {versions}"
+                )
         return self
 
+    @property
+    def active_models(self) -> tuple[ModelEntry, ...]:
+        """One entry per path: its active version."""
+        return tuple(m for m in self.models if m.state == "active")
+
     def for_path(self, path: Path) -> ModelEntry | None:
-        return next((m for m in self.models if m.path == path.value), None)
+        """The path's active version."""
+        return next((m for m in self.active_models if m.path == path.value), None)
+
+    def versions(self, path: Path) -> tuple[ModelEntry, ...]:
+        """Every version of ``path``, in file order."""
+        return tuple(m for m in self.models if m.path == path.value)
+
+    def version(self, path: Path, version: str) -> ModelEntry | None:
+        return next((m for m in self.versions(path) if m.version == version), None)
 
     def eligible(self, complexity: Complexity, lane: Lane) -> list[ModelEntry]:
-        """Models capable of ``complexity`` that serve ``lane``; when none
-        is, the most capable model serving the lane (an answer from a
+        """Active models capable of ``complexity`` that serve ``lane``; when
+        none is, the most capable model serving the lane (an answer from a
         smaller model beats none)."""
-        serving = [m for m in self.models if lane in m.lanes] or list(self.models)
+        models = self.active_models
+        serving = [m for m in models if lane in m.lanes] or list(models)
         capable = [m for m in serving if m.capability >= complexity]
         return capable or [max(serving, key=lambda m: m.capability)]
 

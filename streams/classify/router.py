@@ -135,7 +135,7 @@ class SmartRouter:
         candidates = self.registry.eligible(complexity, lane)
         if served is not None:
             live = [m for m in candidates if m.model_path in served] or [
-                m for m in self.registry.models if m.model_path in served
+                m for m in self.registry.active_models if m.model_path in served
             ]
             candidates = live or candidates
         scores = score_paths(candidates, stats, self.routing)

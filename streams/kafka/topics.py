@@ -52,6 +52,7 @@ def topic_specs(settings: Settings, extra_reply_topics: tuple[str, ...] = ()) ->
         TopicSpec(t("feedback"), n, "client feedback (Feedback)"),
         TopicSpec(t("dlq"), 1, "records nobody could process, with error headers"),
         TopicSpec(t("batch.jobs"), n, "offline batch job events"),
+        TopicSpec(t("shadow"), n, "shadow versions' answers, never sent to clients"),
         # faust's internal topic: the leader assignor. Same partition count as
         # the sources, so faust's co-partitioning checks are satisfied.
         TopicSpec(f"{settings.app_id}-__assignor-__leader", n, "faust leader election"),

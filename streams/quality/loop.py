@@ -25,6 +25,15 @@ the events of the partitions it owns.
   publishes last publishes the whole picture. Each lane's p95 latency goes to
   the ``LatencyBoard`` the classifier's flow controller reads: every replica
   sees a uniform sample of all results, so any replica's p95 will do.
+- model versions (``streams.rollout``): an event that names its ``version``
+  is also folded into a record of that version (``<path>~<version>@<partition>``;
+  the path's own record still holds every version's events, as the path's
+  traffic). Each publish merges them per version into
+  ``<prefix>:route:versions`` (for ``laneway models list``) and judges every
+  canary with traffic against its path's active version
+  (``streams.rollout.rollback.decide``, on the events since its share was
+  set): a canary worse by a margin is drained to 0% in the roll-out state,
+  and a ``rollback`` quality event and ``laneway_rollbacks_total`` say why.
 
 The agents are thin; the maths is ``streams.classify.router.PathStats``
 and ``merge`` here.
@@ -54,6 +63,8 @@ from streams.classify.router import PathStats, RouteBoard
 from streams.kafka.envelopes import Outbound, deliver, dlq_for
 from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
+from streams.rollout.board import RolloutBoard
+from streams.rollout.rollback import decide
 from streams.stores.backlog import LatencyBoard
 
 __all__ = [
@@ -65,7 +76,9 @@ __all__ = [
     "fold",
     "merge",
     "merge_all",
+    "merge_versions",
     "router_app_id",
+    "version_field",
 ]
 
 log = logging.getLogger(__name__)
@@ -81,6 +94,17 @@ PATH_SUCCESS = Gauge("laneway_path_success_rate", "Windowed success rate per pat
 PATH_QUALITY = Gauge("laneway_path_quality", "Feedback quality per path (0..1)", ["path"])
 COST = Counter("laneway_cost_total", "Model cost spent (registry units)", ["path"])
 LANE_P95 = Gauge("laneway_lane_p95_ms", "p95 latency of recent results per lane", ["lane"])
+ROLLBACKS = Counter(
+    "laneway_rollbacks_total",
+    "Canaries drained to 0% because they did worse than the active version",
+    ["path", "version", "signal"],
+)
+VERSION_SEP = "~"
+"""Between path and version in a version record's field: ``heavy~2@3``."""
+
+
+def version_field(path: Path, version: str, partition: int | str) -> str:
+    return f"{path.value}{VERSION_SEP}{version}@{partition}"
 
 
 def router_app_id(settings: Settings) -> str:
@@ -160,6 +184,19 @@ class PartStats:
         if event.kind == "feedback":
             self.feedbacks += 1
 
+    def since(self, ts_ms: int) -> PartStats:
+        """This record with only the outcomes (and latencies) from ``ts_ms`` on."""
+        kept = [(t, o) for t, o in zip(self.ts_ms, self.stats.outcomes, strict=True) if t >= ts_ms]
+        stats = PathStats(
+            latency_ms=self.stats.latency_ms,
+            outcomes=[o for _, o in kept],
+            quality=self.stats.quality,
+            n=self.stats.n,
+            updated_ms=self.stats.updated_ms,
+        )
+        samples = [s for s in self.samples if s[0] >= ts_ms]
+        return PartStats(stats, self.feedbacks, [t for t, _ in kept], samples)
+
     def to_json(self) -> str:
         return json.dumps(
             {
@@ -223,12 +260,35 @@ def merge_all(fields: dict[str, PartStats], window: int, alpha: float) -> dict[P
     return {path: merge(parts, window, alpha) for path, parts in by_path.items()}
 
 
+def merge_versions(
+    fields: dict[str, PartStats],
+    window: int,
+    alpha: float,
+    since: Callable[[Path, str], int] = lambda path, version: 0,
+) -> dict[tuple[Path, str], PathStats]:
+    """Every version's merged record from ``<path>~<version>@<partition>``
+    fields, each over its outcomes from ``since(path, version)`` on."""
+    by_version: dict[tuple[Path, str], list[PartStats]] = {}
+    for name, part in fields.items():
+        head, _, partition = name.rpartition("@")
+        path_name, sep, version = head.partition(VERSION_SEP)
+        if not partition or not sep or path_name not in {p.value for p in Path}:
+            continue
+        by_version.setdefault((Path(path_name), version), []).append(part)
+    return {
+        key: merge([p.since(since(*key)) for p in parts], window, alpha)
+        for key, parts in by_version.items()
+    }
+
+
 def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
     redis = settings.redis.client()
     board = RouteBoard(redis, settings.redis.key_prefix)
     latency_board = LatencyBoard(redis, settings.redis.key_prefix)
     lanes = LaneLatency()
     registry = load_registry(settings.routing.models_file, settings.backend)
+    rollout = RolloutBoard(redis, settings.redis.key_prefix, registry)
+    versions_key = f"{settings.redis.key_prefix}:route:versions"
     cache = ResponseCache(
         redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=None
     )
@@ -268,19 +328,23 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 if quality_event.lane is not None:
                     lanes.add(quality_event.lane, quality_event.latency_ms)
                 if path is not None:
-                    answer = Answered(path, quality_event.cache_key)
+                    answer = Answered(path, quality_event.cache_key, quality_event.version)
                     await _remember(redis, answered_key + quality_event.id, answer)
-            if path is None or quality_event.kind == "drift":
+            if path is None or quality_event.kind in ("drift", "rollback"):
                 continue
-            # This partition's record of the path: written only from here.
-            key = f"{path.value}@{event.message.partition}"
-            current = table.get(key)
-            if current:
-                part = PartStats.from_json(json.dumps(current))
-            else:
-                part = PartStats(PathStats(latency_ms=quality_event.latency_ms))
-            part.fold(quality_event, settings)
-            table[key] = json.loads(part.to_json())
+            # This partition's records of the path (and version): written only from here.
+            partition = event.message.partition
+            keys = [f"{path.value}@{partition}"]
+            if quality_event.version is not None:
+                keys.append(version_field(path, quality_event.version, partition))
+            for key in keys:
+                current = table.get(key)
+                if current:
+                    part = PartStats.from_json(json.dumps(current))
+                else:
+                    part = PartStats(PathStats(latency_ms=quality_event.latency_ms))
+                part.fold(quality_event, settings)
+                table[key] = json.loads(part.to_json())
 
     @app.agent(feedback, concurrency=1)
     async def join_feedback(stream: faust.StreamT) -> None:
@@ -306,6 +370,7 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 kind="feedback",
                 id=verdict.request_id,
                 path=path,
+                version=answered.version,
                 success=verdict.score >= 0,
                 latency_ms=0.0,
                 feedback=verdict.score,
@@ -357,6 +422,59 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
         except (RedisError, OSError) as exc:
             REDIS_ERRORS.labels("route").inc()
             log.warning("route statistics not published: %s", exc)
+        await judge_versions(fields)
+
+    async def judge_versions(fields: dict[str, PartStats]) -> None:
+        """Publish each version's record; drain a canary worse than its
+        path's active version, and say why."""
+        view = await rollout.refresh()
+        window, alpha = settings.routing.success_window, settings.routing.ewma_alpha
+        records = merge_versions(fields, window, alpha, rollout.since_ms)
+        if records:
+            try:
+                await redis.hset(
+                    versions_key,
+                    mapping={f"{p.value}:{v}": s.to_json() for (p, v), s in records.items()},
+                )
+                await redis.expire(versions_key, 7 * 86_400)
+            except (RedisError, OSError) as exc:
+                REDIS_ERRORS.labels("route").inc()
+                log.warning("version statistics not published: %s", exc)
+        if not settings.rollout.auto_rollback:
+            return
+        for entry in view.registry.models:
+            if entry.state != "canary" or not entry.traffic_share:
+                continue
+            active = view.registry.for_path(entry.model_path)
+            assert active is not None
+            canary_stats = records.get((entry.model_path, entry.version))
+            reason = decide(
+                canary_stats, records.get((entry.model_path, active.version)), settings.rollout
+            )
+            if reason is None:
+                continue
+            now_ms = int(time.time() * 1000)
+            if not await rollout.store.drain(
+                entry.model_path, entry.version, reason, now_ms=now_ms
+            ):
+                continue
+            signal = reason.split(" ", 1)[0]
+            ROLLBACKS.labels(entry.model_path.value, entry.version, signal).inc()
+            log.warning("canary %s %s rolled back to 0%%: %s", entry.path, entry.version, reason)
+            notice = QualityEvent(
+                kind="rollback",
+                id=f"rollback-{entry.path}-{entry.version}-{now_ms}",
+                path=entry.model_path,
+                version=entry.version,
+                success=False,
+                latency_ms=canary_stats.latency_ms if canary_stats else 0.0,
+                ts_ms=now_ms,
+                reason=reason,
+            )
+            out = Outbound(
+                settings.topic("quality"), notice.id.encode(), notice.model_dump_json().encode()
+            )
+            await deliver([out], send, settings)
 
     @app.timer(1.0)
     async def _heartbeat() -> None:
@@ -381,9 +499,12 @@ class Answered:
 
     path: Path
     cache_key: str | None = None
+    version: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"path": self.path.value, "cache_key": self.cache_key})
+        return json.dumps(
+            {"path": self.path.value, "cache_key": self.cache_key, "version": self.version}
+        )
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> Answered | None:
@@ -394,7 +515,12 @@ class Answered:
                 return cls(Path(text))
             data = json.loads(text)
             key = data.get("cache_key")
-            return cls(Path(data["path"]), key if isinstance(key, str) else None)
+            version = data.get("version")
+            return cls(
+                Path(data["path"]),
+                key if isinstance(key, str) else None,
+                version if isinstance(version, str) else None,
+            )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 

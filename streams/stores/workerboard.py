@@ -1,8 +1,8 @@
 """Which lane workers are alive and what they serve, through Redis.
 
 Each lane worker announces itself every ``heartbeat_s``: its lane, and for
-each model path whose backend is loaded, the backend, model and device, and
-how many requests it runs at once. The classifier reads the board and
+each model path (and registry version) whose backend is loaded, the backend,
+model, version and device, and how many requests it runs at once. The classifier reads the board and
 routes a request only down a path that a live worker on its lane serves
 (``streams.classify.router``). An announcement older than ``stale_s`` is a
 dead worker's and is ignored; a worker that stops cleanly withdraws its own.
@@ -26,12 +26,23 @@ from redis.exceptions import RedisError
 from schemas.messages import Lane, Path
 from streams.stores.failopen import FailOpen
 
-__all__ = ["PathCard", "Serving", "WorkerBoard", "WorkerCard", "served_paths"]
+__all__ = [
+    "PathCard",
+    "Serving",
+    "Versions",
+    "WorkerBoard",
+    "WorkerCard",
+    "served_paths",
+    "served_versions",
+]
 
 log = logging.getLogger(__name__)
 
 Serving = Mapping[Lane, frozenset[Path]]
 """Per lane, the paths some live worker serves."""
+
+Versions = Mapping[Lane, frozenset[tuple[Path, str]]]
+"""Per lane, the (path, version) pairs some live worker serves."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +52,8 @@ class PathCard:
     model: str
     device: str
     """``cpu``, ``cuda`` or ``remote`` (an OpenAI-compatible server)."""
+    version: str | None = None
+    """The registry version loaded (absent on cards of older workers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +75,8 @@ class WorkerCard:
     def from_json(cls, raw: str | bytes) -> WorkerCard:
         data = json.loads(raw)
         paths = tuple(
-            PathCard(Path(p["path"]), p["backend"], p["model"], p["device"]) for p in data["paths"]
+            PathCard(Path(p["path"]), p["backend"], p["model"], p["device"], p.get("version"))
+            for p in data["paths"]
         )
         return cls(
             data["worker_id"], Lane(data["lane"]), paths, int(data["capacity"]), data["at_ms"]
@@ -75,6 +89,16 @@ def served_paths(cards: Sequence[WorkerCard]) -> dict[Lane, frozenset[Path]]:
     for card in cards:
         serving.setdefault(card.lane, set()).update(p.path for p in card.paths)
     return {lane: frozenset(paths) for lane, paths in serving.items()}
+
+
+def served_versions(cards: Sequence[WorkerCard]) -> dict[Lane, frozenset[tuple[Path, str]]]:
+    """Per lane, the (path, version) pairs its live workers serve."""
+    serving: dict[Lane, set[tuple[Path, str]]] = {}
+    for card in cards:
+        serving.setdefault(card.lane, set()).update(
+            (p.path, p.version) for p in card.paths if p.version is not None
+        )
+    return {lane: frozenset(pairs) for lane, pairs in serving.items()}
 
 
 class WorkerBoard:

@@ -73,7 +73,9 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
         assert serving == {Lane.REALTIME: frozenset({Path.LIGHT})}
         assert worker.state.ready
         (card,) = await board.live() or []
-        assert card.paths == (PathCard(Path.LIGHT, "rules", own.backend.light_model, "cpu"),)
+        assert card.paths == (
+            PathCard(Path.LIGHT, "rules", own.backend.light_model, "cpu", "q4_1"),
+        )
         assert card.capacity == own.realtime.max_batch_size * own.realtime.max_inflight_batches
 
         # What the classifier does with it: a complex realtime request, which

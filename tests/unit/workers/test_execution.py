@@ -22,7 +22,7 @@ from workers.backends.base import (
     map_backend_exception,
 )
 from workers.backends.llamacpp import as_transcript
-from workers.execution import BackendSlot, Executor, backend_slots
+from workers.execution import BackendSlot, Executor, backend_slots, version_slots
 
 
 def routed(
@@ -214,7 +214,7 @@ async def test_a_cuda_error_opens_the_breaker_at_once_and_reloads_the_backend() 
     executor = Executor(Lane.MEDIUM, {Path.HEAVY: heavy, Path.LIGHT: rules_slot()})
     (done,) = await executor.execute([routed("ping", Path.HEAVY)])
     assert done.result.status == "ok" and done.result.path == "light" and done.result.degraded
-    assert [e.code for _, e in done.failed] == ["CUDA-ERR"]
+    assert [e.code for _, _, e in done.failed] == ["CUDA-ERR"]
     assert breaker.state == "open" and heavy.backend is None  # one error was enough
     assert BREAKER_STATE.labels(Lane.MEDIUM, Path.HEAVY)._value.get() == 2
     (done,) = await executor.execute([routed("ping", Path.HEAVY)])
@@ -299,7 +299,7 @@ async def test_paths_that_failed_before_a_fallback_are_reported_for_the_quality_
     executor = Executor(Lane.MEDIUM, {Path.HEAVY: slot_of(heavy), Path.LIGHT: rules_slot()})
     (done,) = await executor.execute([routed("ping", Path.HEAVY)])
     assert done.result.path == "light"
-    assert [(path, error.code) for path, error in done.failed] == [(Path.HEAVY, "INF-502")]
+    assert [(path, error.code) for path, _, error in done.failed] == [(Path.HEAVY, "INF-502")]
     (out,) = attempt_events(done, Settings())
     event = QualityEvent.model_validate_json(out.value)
     assert out.topic == "laneway.quality" and out.key == done.result.id.encode()  # by id
@@ -336,3 +336,95 @@ async def test_session_history_goes_before_the_request() -> None:
         ("assistant", "Hello Ada"),
         ("user", "and mine?"),
     ]
+
+
+class Named:
+    """A backend that answers with its own name: which version ran."""
+
+    kind = "named"
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    async def load(self) -> None: ...
+
+    async def infer_batch(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
+        return [Generation(text=self.model, prompt_tokens=1, completion_tokens=1) for _ in inputs]
+
+    async def check_health(self) -> bool:
+        return True
+
+    async def close(self) -> None: ...
+
+
+def versioned(backend: Backend, version: str) -> BackendSlot:
+    return BackendSlot(lambda: backend, retry_s=60, label=backend.model, version=version)
+
+
+def for_version(prompt: str, version: str | None, **update: object) -> RoutedRequest:
+    return routed(prompt, Path.HEAVY).model_copy(update={"version": version, **update})
+
+
+async def test_each_request_runs_on_its_version_and_says_which() -> None:
+    slots = {Path.HEAVY: versioned(Named("gemma"), "v1"), Path.RULES: rules_slot()}
+    executor = Executor(
+        Lane.MEDIUM, slots, versions={(Path.HEAVY, "v2"): versioned(Named("smol"), "v2")}
+    )
+    batch = [for_version("a", "v2"), for_version("b", "v1"), for_version("c", None)]
+    done = await executor.execute(batch)
+    assert [(d.result.output, d.result.version) for d in done] == [
+        ("smol", "v2"),
+        ("gemma", "v1"),
+        ("gemma", "v1"),
+    ]
+
+
+async def test_a_failing_canary_falls_back_to_the_active_version_and_is_counted() -> None:
+    broken = Exploding(RuntimeError("model file not found"))
+    slots = {Path.HEAVY: versioned(Named("gemma"), "v1"), Path.RULES: rules_slot()}
+    executor = Executor(Lane.MEDIUM, slots, versions={(Path.HEAVY, "v2"): versioned(broken, "v2")})
+    (done,) = await executor.execute([for_version("a", "v2")])
+    assert done.result.status == "ok" and done.result.version == "v1"
+    assert done.result.path == "heavy" and not done.result.degraded
+    assert [(p, v, e.code) for p, v, e in done.failed] == [(Path.HEAVY, "v2", "INF-502")]
+    # A version no slot here loads is answered by the active one too.
+    (other,) = await executor.execute([for_version("a", "v9")])
+    assert other.result.version == "v1" and other.failed == ()
+
+
+async def test_a_shadow_copy_runs_on_its_version_or_not_at_all() -> None:
+    broken = Exploding(RuntimeError("model file not found"))
+    slots = {Path.HEAVY: versioned(Named("gemma"), "v1"), Path.RULES: rules_slot()}
+    executor = Executor(Lane.BULK, slots, versions={(Path.HEAVY, "v2"): versioned(broken, "v2")})
+    (done,) = await executor.execute([for_version("a", "v2", shadow=True)])
+    assert done.result.status == "error" and done.result.error is not None
+    assert done.result.error.code == "INF-502" and done.result.version == "v2"
+
+
+def test_slots_come_from_the_registrys_versions_that_are_not_retired() -> None:
+    from streams.classify.registry import ModelRegistry, builtin_registry
+
+    base = builtin_registry(BackendSettings())
+    extra = [
+        {
+            "name": "smollm2-135m",
+            "version": "smol",
+            "state": "canary",
+            "backend": "llamacpp",
+            "path": "heavy",
+        },
+        {
+            "name": "old",
+            "version": "old",
+            "state": "retired",
+            "backend": "llamacpp",
+            "path": "heavy",
+        },
+    ]
+    registry = ModelRegistry.model_validate(
+        {"models": [m.model_dump() for m in base.models] + extra}
+    )
+    slots = backend_slots(BackendSettings(), (Path.HEAVY,), registry)
+    assert {p: s.version for p, s in slots.items()} == {Path.HEAVY: "q4_k_m", Path.RULES: None}
+    assert list(version_slots(BackendSettings(), registry, (Path.HEAVY,))) == [(Path.HEAVY, "smol")]
+    assert version_slots(BackendSettings(), registry, (Path.LIGHT,)) == {}

@@ -1,0 +1,58 @@
+"""Automatic rollback: when a canary is worse than its path's active
+version, as a pure function of their records.
+
+A canary with traffic is drained to share 0 when, over at least
+``LANEWAY_ROLLOUT_MIN_EVENTS`` outcomes of its own since its share was last
+set, any of these holds:
+
+- its success rate is below the active version's by more than
+  ``success_margin`` (an active version with no outcomes yet counts as
+  fully successful);
+- its latency (EWMA of successes) is above the active version's by more
+  than ``latency_margin`` (a ratio: 0.5 = 50% slower), when both have one;
+- its feedback quality (0..1) is below the active version's by more than
+  ``feedback_margin``.
+
+``decide`` says why in words, which become the ``rollback`` quality
+event's ``reason`` and the log line.
+"""
+
+from __future__ import annotations
+
+from schemas.settings import RolloutSettings
+from streams.classify.router import PathStats
+
+__all__ = ["decide"]
+
+
+def decide(
+    canary: PathStats | None, active: PathStats | None, rules: RolloutSettings
+) -> str | None:
+    """Why ``canary`` must be rolled back, or ``None`` while it may stay."""
+    if canary is None or len(canary.outcomes) < rules.min_events:
+        return None
+    n = len(canary.outcomes)
+    base_success = active.success_rate if active is not None and active.outcomes else 1.0
+    if canary.success_rate < base_success - rules.success_margin:
+        return (
+            f"success rate {canary.success_rate:.0%} over {n} events, "
+            f"active {base_success:.0%} (margin {rules.success_margin:.0%})"
+        )
+    if (
+        active is not None
+        and active.outcomes
+        and any(canary.outcomes)
+        and any(active.outcomes)
+        and canary.latency_ms > active.latency_ms * (1 + rules.latency_margin)
+    ):
+        return (
+            f"latency {canary.latency_ms:.0f} ms over {n} events, "
+            f"active {active.latency_ms:.0f} ms (margin +{rules.latency_margin:.0%})"
+        )
+    base_quality = active.quality if active is not None else 1.0
+    if canary.quality < base_quality - rules.feedback_margin:
+        return (
+            f"feedback quality {canary.quality:.2f} over {n} events, "
+            f"active {base_quality:.2f} (margin {rules.feedback_margin:.2f})"
+        )
+    return None
