@@ -128,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     from streams.jobs.commands import add_batch_parser
 
     add_batch_parser(sub)
+    from streams.tools.models_cli import add_models_parser
+
+    add_models_parser(sub)
     check = sub.add_parser("check", help="load every configured model and run one inference each")
     check.add_argument("--path", action="append", choices=["light", "heavy"], help="default: both")
     check.add_argument("--json", action="store_true")
@@ -325,6 +328,12 @@ def _batch(settings: Settings, args: argparse.Namespace) -> int:
     return run_batch(settings, args)
 
 
+def _models(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.tools.models_cli import run_models
+
+    return run_models(settings, args)
+
+
 def _check(settings: Settings, args: argparse.Namespace) -> int:
     from workers.check import run_check
 
@@ -350,6 +359,7 @@ _COMMANDS = {
     "schema": _schema,
     "batch": _batch,
     "check": _check,
+    "models": _models,
 }
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@ from pathlib import Path as FsPath
 
 import pytest
 
-from schemas.messages import InferenceRequest, Lane, Path, QualityEvent
+from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, QualityEvent
 from schemas.settings import BackendSettings, RolloutSettings, Settings
 from streams.classify.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
 from streams.classify.router import PathStats
 from streams.quality.loop import PartStats, fold, merge_versions, version_field
 from streams.rollout.assign import RolloutView, assignment_key, pick_shadows, pick_version, unit
+from streams.rollout.report import aggregate, format_reports, pair
 from streams.rollout.rollback import decide
 from streams.rollout.state import (
     RolloutError,
@@ -230,3 +231,54 @@ def test_version_records_merge_per_version_and_count_from_the_share_change() -> 
     assert merged[(Path.HEAVY, "smol")].outcomes == [1, 1, 1, 1, 0, 0]
     recent = merge_versions(parts, 50, 0.2, since=lambda path, version: 25)
     assert recent[(Path.HEAVY, "smol")].outcomes == [0, 0]
+
+
+def result(
+    rid: str, output: str | None, *, version: str, ms: float, **kw: object
+) -> InferenceResult:
+    return InferenceResult.model_validate(
+        {
+            "id": rid,
+            "status": "ok" if output is not None else "error",
+            "output": output,
+            "error": None
+            if output is not None
+            else {"code": "INF-502", "message": "x", "retryable": True},
+            "path": "heavy",
+            "version": version,
+            "timings": {"inference_ms": ms},
+            **kw,
+        }
+    )
+
+
+def test_the_shadow_report_pairs_answers_by_id_and_counts_agreement() -> None:
+    live = [
+        result(f"r{i}", "Paris." if i else "Lyon", version="q4_k_m", ms=100.0) for i in range(3)
+    ]
+    shadows = [
+        result("r0", "lyon ", version="smol", ms=40.0),  # alike once case and spaces fold
+        result("r1", "It is Paris.", version="smol", ms=60.0),
+        result("r1", "It is Paris.", version="smol", ms=60.0),  # redelivered: once
+        result("r2", None, version="smol", ms=0.0),
+        result("r9", "no live answer", version="smol", ms=10.0),
+    ]
+    pairs = pair(shadows, live)
+    assert [(s.id, a is not None) for s, a in pairs] == [
+        ("r0", True),
+        ("r1", True),
+        ("r2", True),
+        ("r9", False),
+    ]
+    (report,) = aggregate(
+        pairs, lambda a, b: [1.0 if x == y else 0.5 for x, y in zip(a, b, strict=True)]
+    )
+    assert (report.path, report.version, report.shadow_answers, report.shadow_errors) == (
+        "heavy",
+        "smol",
+        4,
+        1,
+    )
+    assert report.compared == 2 and report.exact == 0.5 and report.cosine == 0.5
+    assert report.shadow_p50_ms == 60.0 and report.active_p50_ms == 100.0
+    assert "smol" in format_reports([report])
