@@ -543,6 +543,8 @@ class Settings(BaseSettings):
     once-a-second heartbeat for this long (a wedged loop, not a busy model:
     model calls run in threads)."""
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one JSON object per log line, for log shippers (``streams.tools.logs``)."""
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)

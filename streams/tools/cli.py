@@ -9,12 +9,15 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path as FsPath
 from typing import Any
 
 from schemas.messages import Lane
 from schemas.settings import Settings
 from streams.ops import OpsServer, ProcessState
+from streams.tools.logs import configure_logging
 
 __all__ = ["main"]
 
@@ -53,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--http-port-base", type=int, default=9400, help="classifier port; workers follow"
     )
+    _add_log_arguments(up)
 
     ask = sub.add_parser("ask", help="ask one question through a running stack")
     ask.add_argument("prompt")
@@ -123,7 +127,10 @@ def _parser() -> argparse.ArgumentParser:
     prewarm.add_argument("--days", type=int, help="ranked over this many days")
     prewarm.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    sub.add_parser("demo", help="start the embedded stack, ask a question on every lane, stop")
+    demo = sub.add_parser(
+        "demo", help="start the embedded stack, ask a question on every lane, stop"
+    )
+    _add_log_arguments(demo)
 
     from streams.jobs.commands import add_batch_parser
 
@@ -137,6 +144,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_log_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show every process's log on the console instead of short status lines",
+    )
+    parser.add_argument(
+        "--log-file",
+        type=FsPath,
+        default=None,
+        help="where the processes' logs go (default: ~/.cache/laneway/logs/<command>-<time>.log)",
+    )
+
+
+def _log_path(args: argparse.Namespace) -> FsPath | None:
+    """Where ``up``/``demo`` write their processes' logs; ``None`` with ``-v``
+    (they go to the console)."""
+    if args.verbose:
+        return None
+    if args.log_file is not None:
+        return FsPath(args.log_file)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return FsPath.home() / ".cache" / "laneway" / "logs" / f"{args.command}-{stamp}.log"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = Settings()
@@ -144,10 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings.model_copy(
             update={"kafka": settings.kafka.model_copy(update={"bootstrap": args.bootstrap})}
         )
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level, settings.log_format, args.command)
     return int(_COMMANDS[args.command](settings, args) or 0)
 
 
@@ -203,6 +233,7 @@ def _run_faust(settings: Settings, build: Callable[[Settings, ProcessState], Any
     with _ops_endpoints(settings) as state:
         app = build(settings, state)
         worker = faust.Worker(app, loglevel=settings.log_level, override_logging=False)
+        worker.spinner = None  # escape codes in a log file or a pipe help no one
         worker.execute_from_commandline()  # returns through SystemExit on stop
     return 0
 
@@ -224,6 +255,7 @@ def _up(settings: Settings, args: argparse.Namespace) -> int:
         redis_port=args.redis_port,
         use_external_redis="url" in settings.redis.model_fields_set,
         http_port_base=args.http_port_base,
+        log_path=_log_path(args),
     )
     # Until run() takes over signals, SIGTERM unwinds through start()'s cleanup.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -343,7 +375,7 @@ def _check(settings: Settings, args: argparse.Namespace) -> int:
 def _demo(settings: Settings, args: argparse.Namespace) -> int:
     from streams.tools.demo import run_demo
 
-    return run_demo(settings)
+    return run_demo(settings, _log_path(args))
 
 
 _COMMANDS = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from schemas.settings import Settings
@@ -37,11 +38,13 @@ async def _ask_all(settings: Settings) -> int:
     return failures
 
 
-def run_demo(settings: Settings) -> int:
+def run_demo(settings: Settings, log_path: Path | None) -> int:
+    """``log_path``: where the stack's logs go (``None``: on the console)."""
     stack = Stack(
         settings,
         use_external_redis="url" in settings.redis.model_fields_set,
         http_port_base=None,
+        log_path=log_path,
     )
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:

@@ -5,6 +5,11 @@ child processes.
 A child that dies is restarted (with a growing pause if it keeps dying);
 each child's output is prefixed with its name; SIGTERM/SIGINT stops every
 child (SIGTERM first, so workers drain their batch), then the broker.
+
+With a ``log_path`` (what ``laneway up`` and ``laneway demo`` do unless
+``-v``), the children's output goes to that file and the console gets short
+status lines: each step of the start, each process as it gets ready, a
+restart, and the last lines of a process that failed.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -43,6 +49,8 @@ class Child:
     restarts: int = 0
     started_at: float = 0.0
     _pump: threading.Thread | None = field(default=None, repr=False)
+    last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=20), repr=False)
+    """The end of its output, shown when it fails to start."""
 
     @property
     def pid(self) -> int | None:
@@ -68,15 +76,19 @@ class Stack:
         log_dir: Path | None = None,
         child_env: dict[str, str] | None = None,
         workers_only: bool = False,
+        log_path: Path | None = None,
     ) -> None:
         """``workers_only``: the lane workers alone, no classifier, router or
-        batch tracker (a benchmark of the workers' share)."""
+        batch tracker (a benchmark of the workers' share). ``log_path``: the
+        children's output goes there, and ``out`` gets status lines only."""
         self.broker = EmbeddedBroker(
             kafka_port, log_path=log_dir / "tansu.log" if log_dir else None
         )
         self.redis = None if use_external_redis else EmbeddedRedis(redis_port)
         self._base_settings = settings
         self.out = out or sys.stdout
+        self.log_path = log_path
+        self._log: IO[str] | None = None
         self._lock = threading.Lock()
         ports = (
             [http_port_base + i for i in range(len(lanes) + 3)]
@@ -116,23 +128,50 @@ class Stack:
     def start(self, ready_timeout_s: float = 180.0) -> Stack:
         """Start everything and wait until every child is ready. On failure
         whatever was started is stopped again before the error propagates."""
+        begun = time.monotonic()
         try:
+            if self.log_path is not None:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                self._log = open(self.log_path, "a", buffering=1)
+                self._status(f"logs: {self.log_path}")
+            self._status("starting the broker")
             self.broker.start()
             if self.redis is not None:
+                self._status("starting Valkey")
                 self.redis.start()
             settings = self.settings
+            self._status("creating topics")
             asyncio.run(self._prepare(settings))
+            names = ", ".join(child.name for child in self.children)
+            self._status(f"starting {names}; the workers load their models first")
             for child in self.children:
                 self._spawn(child)
-            self.wait_ready(ready_timeout_s)
-        except BaseException:
+            self.wait_ready(ready_timeout_s, announce=True)
+        except BaseException as exc:
+            self._explain(exc)
             self.stop()
             raise
-        self._say(f"bootstrap: {settings.kafka.bootstrap}")
-        self._say(f"redis: {_without_password(settings.redis.url)}")
+        self._status(f"ready in {time.monotonic() - begun:.0f} s")
+        self._status(f"bootstrap: {settings.kafka.bootstrap}")
+        self._status(f"redis: {_without_password(settings.redis.url)}")
         for child in self.children:
-            self._say(f"{child.name}: http://127.0.0.1:{child.http_port}/metrics")
+            self._detail(f"{child.name}: http://127.0.0.1:{child.http_port}/metrics")
         return self
+
+    def _explain(self, exc: BaseException) -> None:
+        """What a person needs after a failed start: what failed and the end
+        of the output of any child that died."""
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            return
+        self._status(f"failed to start: {exc}")
+        if self._log is None:
+            return  # the children's output is on the console already
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is not None and child.last_lines:
+                self._status(f"last lines of {child.name}:")
+                for line in child.last_lines:
+                    self._status(f"  {line}")
+        self._status(f"full logs: {self.log_path}")
 
     @staticmethod
     async def _prepare(settings: Settings) -> None:
@@ -164,18 +203,36 @@ class Stack:
 
     def _pump(self, child: Child, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            self._say(f"[{child.name}] {line.decode(errors='replace').rstrip()}")
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            child.last_lines.append(line)
+            self._detail(f"[{child.name}] {line}")
 
-    def _say(self, line: str) -> None:
+    def _status(self, line: str) -> None:
+        """A line for the console (and the log file, when there is one)."""
         with self._lock:
             print(line, file=self.out, flush=True)
+            if self._log is not None:
+                print(f"[supervisor] {line}", file=self._log)
 
-    def wait_ready(self, timeout_s: float, names: list[str] | None = None) -> None:
-        give_up = time.monotonic() + timeout_s
+    def _detail(self, line: str) -> None:
+        """A line for the log file; the console gets it only without one."""
+        with self._lock:
+            print(line, file=self._log or self.out, flush=self._log is None)
+
+    def wait_ready(
+        self, timeout_s: float, names: list[str] | None = None, *, announce: bool = False
+    ) -> None:
+        """Wait until the children (``names``, or all) answer ``/readyz``;
+        ``announce``: say on the console as each one gets there."""
+        begun = time.monotonic()
+        give_up = begun + timeout_s
         waiting = [c for c in self.children if names is None or c.name in names]
         while waiting:
-            waiting = [c for c in waiting if not is_ready(c.http_port)]
+            for c in [c for c in waiting if is_ready(c.http_port)]:
+                waiting.remove(c)
+                if announce:
+                    self._status(f"  {c.name} ready ({time.monotonic() - begun:.0f} s)")
             for c in waiting:
                 if c.proc is not None and c.proc.poll() is not None:
                     raise RuntimeError(f"{c.name} exited with {c.proc.returncode} while starting")
@@ -191,7 +248,7 @@ class Stack:
             code = child.proc.returncode
             uptime = time.monotonic() - child.started_at
             pause = 0.0 if uptime > 30 else min(30.0, 0.5 * 2 ** min(child.restarts, 6))
-            self._say(f"[supervisor] {child.name} exited with {code}; restarting in {pause:.1f}s")
+            self._status(f"{child.name} exited with {code}; restarting in {pause:.1f}s")
             time.sleep(pause)
             child.restarts += 1
             self._spawn(child)
@@ -219,7 +276,7 @@ class Stack:
             try:
                 child.proc.wait(max(0.1, give_up - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self._say(f"[supervisor] {child.name} did not stop in time; killing it")
+                self._status(f"{child.name} did not stop in time; killing it")
                 child.proc.kill()
                 child.proc.wait()
         for child in self.children:
@@ -229,6 +286,10 @@ class Stack:
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 self.redis.stop()
+        with self._lock:
+            log_file, self._log = self._log, None
+        if log_file is not None:
+            log_file.close()
 
     def __enter__(self) -> Stack:
         return self.start()

@@ -6,6 +6,7 @@ workers as supervised processes running the real GGUF models."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import shutil
 import tempfile
@@ -112,21 +113,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("stack")
     shutil.copyfile(EXAMPLE_RULES_FILE, RULES_FILE)
     settings = Settings()
-    with open(log_dir / "stack.log", "w") as out:
-        stack = Stack(
-            settings,
-            use_external_redis="LANEWAY_REDIS_URL" in os.environ,
-            redis_port=free_port(),  # fixed, so a stopped Valkey comes back at the same URL
-            http_port_base=None,
-            out=out,
-            log_dir=log_dir,
-            child_env=CHILD_ENV,
-        )
-        try:
-            yield from supervised(stack)
-        finally:
-            RULES_FILE.unlink(missing_ok=True)
-            print(f"\nstack log: {log_dir / 'stack.log'}")
+    stack = Stack(
+        settings,
+        use_external_redis="LANEWAY_REDIS_URL" in os.environ,
+        redis_port=free_port(),  # fixed, so a stopped Valkey comes back at the same URL
+        http_port_base=None,
+        out=io.StringIO(),  # the console of `laneway up` (test_supervisor reads it)
+        log_path=log_dir / "stack.log",
+        log_dir=log_dir,
+        child_env=CHILD_ENV,
+    )
+    try:
+        yield from supervised(stack)
+    finally:
+        RULES_FILE.unlink(missing_ok=True)
+        print(f"\nstack log: {log_dir / 'stack.log'}")
 
 
 @pytest.fixture
