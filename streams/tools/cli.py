@@ -37,6 +37,20 @@ def _parser() -> argparse.ArgumentParser:
         "--out", default=None, help="folder to write to (default: the package's schemas/json)"
     )
 
+    top = sub.add_parser("top", help="a live view of a running stack (lanes, paths, cache, flow)")
+    top.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    top.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
+    top.add_argument("--window", type=float, default=30.0, help="seconds rates cover (live)")
+    top.add_argument(
+        "--metrics",
+        action="append",
+        metavar="URL",
+        help="a process's /metrics address, repeatable (default: those of `laneway up`)",
+    )
+    top.add_argument(
+        "--http-port-base", type=int, default=9400, help="the `laneway up` port base to read"
+    )
     sub.add_parser("classifier", help="run the classifier agent (faust)")
     sub.add_parser("router", help="run the quality loop that keeps the route statistics (faust)")
 
@@ -272,6 +286,24 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _top(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.tools.top import default_urls, run_top
+
+    urls = args.metrics or default_urls(args.http_port_base)
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(
+            run_top(
+                settings,
+                urls,
+                once=args.once,
+                as_json_output=args.json,
+                interval_s=args.interval,
+                window_s=args.window,
+            )
+        )
+    return 0
+
+
 def _ask(settings: Settings, args: argparse.Namespace) -> int:
     from streams.client import LanewayClient, result_summary
 
@@ -384,6 +416,7 @@ _COMMANDS = {
     "router": _router,
     "worker": _worker,
     "up": _up,
+    "top": _top,
     "ask": _ask,
     "bench": _bench,
     "prewarm": _prewarm,
