@@ -1,0 +1,240 @@
+"""Model versions on the real stack: a canary at 50% gets about half the
+traffic, a failing canary is rolled back automatically, and shadow answers
+never reach the client.
+
+One stack for the module with only the bulk worker, serving the heavy path
+in three versions from a registry file: Gemma-3-270M (active), SmolLM2-135M
+as version ``smol`` and version ``broken``, whose model file does not exist
+(a real load failure: its requests fail with INF-502 there and the active
+version answers them). Every test sets the roll-out state it needs with
+the real ``laneway models`` command. Cache off, tiny answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, QualityEvent
+from schemas.settings import Settings
+from streams.client import LanewayClient
+from streams.rollout.state import RolloutStore
+from streams.tools.supervisor import Stack
+
+from .conftest import produce_to_lane, read_topic, routed_now
+
+REGISTRY = """\
+models:
+  - {name: smollm2-135m, version: q4_1, backend: llamacpp, path: light,
+     max_complexity: simple, cost_per_1k_tokens: 0.0002}
+  - {name: gemma3-270m, version: q4_k_m, backend: llamacpp, path: heavy,
+     cost_per_1k_tokens: 0.001}
+  - {name: smollm2-135m, version: smol, state: canary, share: 0, backend: llamacpp,
+     path: heavy}
+  - {name: /nonexistent/broken.gguf, version: broken, state: canary, share: 0,
+     backend: llamacpp, path: heavy}
+"""
+
+
+@pytest.fixture(scope="module")
+def rollout_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A bulk-only stack with three heavy versions; yields the children's
+    environment with the running broker and Redis in it."""
+    folder = tmp_path_factory.mktemp("rollout")
+    models = folder / "models.yaml"
+    models.write_text(REGISTRY)
+    prefix = f"rollout-{uuid.uuid4().hex[:8]}"
+    env = {
+        "LANEWAY_APP_ID": prefix,
+        "LANEWAY_REDIS_KEY_PREFIX": prefix,
+        "LANEWAY_ROUTING_MODELS_FILE": str(models),
+        "LANEWAY_ROUTING_EXPLORATION": "0",
+        "LANEWAY_CACHE_ENABLED": "false",
+        "LANEWAY_BULK_MAX_BATCH_SIZE": "8",
+        "LANEWAY_BULK_MAX_WAIT_MS": "100",
+        "LANEWAY_ROLLOUT_REFRESH_S": "0.5",
+        "LANEWAY_ROLLOUT_MIN_EVENTS": "5",
+        "LANEWAY_WORKER_HEARTBEAT_S": "1",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        settings = Settings()
+    with open(folder / "stack.log", "w") as out:
+        stack = Stack(
+            settings,
+            use_external_redis="LANEWAY_REDIS_URL" in os.environ,
+            http_port_base=None,
+            lanes=(Lane.BULK,),
+            out=out,
+            log_dir=folder,
+            child_env=env,
+        )
+        try:
+            stack.start(ready_timeout_s=240)
+            running = stack.settings
+            yield {
+                **env,
+                "LANEWAY_KAFKA_BOOTSTRAP": running.kafka.bootstrap,
+                "LANEWAY_REDIS_URL": running.redis.url,
+            }
+        finally:
+            stack.stop()
+            print(f"\nstack log: {folder / 'stack.log'}")
+
+
+@pytest.fixture
+async def rollout(rollout_env: dict[str, str]) -> Settings:
+    """The stack's settings, its roll-out state back to the registry file's."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in rollout_env.items():
+            patch.setenv(name, value)
+        settings = Settings()
+    redis = aioredis.from_url(settings.redis.url)
+    await RolloutStore(redis, settings.redis.key_prefix).clear()
+    await redis.aclose()
+    return settings
+
+
+def models(env: dict[str, str], *args: str) -> str:
+    """``laneway models ARGS`` as an operator runs it; its output."""
+    done = subprocess.run(
+        [sys.executable, "-m", "streams.tools.cli", "models", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+async def propagated(settings: Settings) -> None:
+    """Long enough for every classifier to have re-read the roll-out state."""
+    await asyncio.sleep(4 * settings.rollout.refresh_s)
+
+
+async def ask_all(client: LanewayClient, n: int, tag: str) -> list[InferenceResult]:
+    """``n`` requests on the bulk lane, each its own session, all in flight."""
+    futures = [
+        await client.submit(
+            {
+                "id": f"{tag}-{i}",
+                "prompt": f"Name a colour, number {i}.",
+                "max_tokens": 2,
+                "lane": "bulk",
+                "session_id": f"{tag}-session-{i}",
+            }
+        )
+        for i in range(n)
+    ]
+    return list(await asyncio.wait_for(asyncio.gather(*futures), 600))
+
+
+async def test_a_canary_at_half_gets_about_half_the_traffic(
+    rollout: Settings, rollout_env: dict[str, str]
+) -> None:
+    assert "canary share 0.5" in models(rollout_env, "canary", "heavy", "smol", "--share", "0.5")
+    await propagated(rollout)
+    async with LanewayClient(rollout.kafka, client_id=f"canary-{uuid.uuid4().hex[:6]}") as client:
+        results = await ask_all(client, 40, f"half-{uuid.uuid4().hex[:6]}")
+    assert all(r.status == "ok" and r.path == "heavy" for r in results), results
+    by_version = {v: [r for r in results if r.version == v] for v in ("smol", "q4_k_m")}
+    assert len(by_version["smol"]) + len(by_version["q4_k_m"]) == 40, results
+    assert 12 <= len(by_version["smol"]) <= 28, [r.version for r in results]
+    # Each version's answers came from its own model.
+    assert {r.model for r in by_version["smol"]} == {"llamacpp:smollm2-135m"}
+    assert {r.model for r in by_version["q4_k_m"]} == {"llamacpp:gemma3-270m"}
+    listing = json.loads(models(rollout_env, "list", "--json"))
+    smol = next(row for row in listing if row["version"] == "smol")
+    assert smol["state"] == "canary" and smol["share"] == 0.5 and smol["workers"]
+    broken = next(row for row in listing if row["version"] == "broken")
+    assert broken["workers"] == []  # its model never loaded: it is not announced
+
+
+async def test_a_failing_canary_is_rolled_back_automatically(
+    rollout: Settings, rollout_env: dict[str, str]
+) -> None:
+    models(rollout_env, "canary", "heavy", "broken", "--share", "0.3")
+    await propagated(rollout)
+    # The classifier sends it nothing (no live worker serves it): requests
+    # routed to it as a classifier that saw it would, on the real lane.
+    reply_to = f"{rollout.replies_topic}.rollback-{uuid.uuid4().hex[:6]}"
+    for i in range(8):
+        request = InferenceRequest(
+            id=f"broken-{uuid.uuid4().hex[:6]}-{i}", prompt="Hi", max_tokens=2
+        )
+        routed = routed_now(request, reply_to, path=Path.HEAVY, lane=Lane.BULK)
+        await produce_to_lane(rollout, routed.model_copy(update={"version": "broken"}))
+    store = RolloutStore(aioredis.from_url(rollout.redis.url), rollout.redis.key_prefix)
+    live = None
+    for _ in range(120):  # bounded: a minute
+        overrides = await store.read() or {}
+        live = overrides.get((Path.HEAVY, "broken"))
+        if live is not None and live.by == "rollback":
+            break
+        await asyncio.sleep(0.5)
+    assert live is not None and live.by == "rollback" and live.share == 0.0, live
+    assert live.reason is not None and live.reason.startswith("success rate 0%"), live
+    events = [
+        QualityEvent.model_validate_json(r.value)
+        for r in await read_topic(rollout, rollout.topic("quality"), timeout_s=10)
+    ]
+    rollbacks = [e for e in events if e.kind == "rollback" and e.version == "broken"]
+    assert len(rollbacks) == 1 and rollbacks[0].reason == live.reason, rollbacks
+    # Its clients were answered by the active version all along.
+    answers = [
+        InferenceResult.model_validate_json(r.value)
+        for r in await read_topic(rollout, reply_to, timeout_s=10)
+    ]
+    assert {(a.status, a.version) for a in answers} == {("ok", "q4_k_m")}, answers
+    listing = json.loads(models(rollout_env, "list", "--json"))
+    row = next(row for row in listing if row["version"] == "broken")
+    assert row["share"] == 0.0 and row["set_by"] == "rollback" and row["reason"] == live.reason
+
+
+async def test_shadow_answers_are_recorded_and_never_reach_the_client(
+    rollout: Settings, rollout_env: dict[str, str]
+) -> None:
+    assert "smol: shadow" in models(rollout_env, "shadow", "heavy", "smol")
+    await propagated(rollout)
+    client_id = f"shadow-{uuid.uuid4().hex[:6]}"
+    tag = f"shadowed-{uuid.uuid4().hex[:6]}"
+    async with LanewayClient(rollout.kafka, client_id=client_id) as client:
+        results = await ask_all(client, 4, tag)
+        assert {(r.status, r.version) for r in results} == {("ok", "q4_k_m")}, results
+        shadows: list[InferenceResult] = []
+        for _ in range(120):  # bounded: a minute, for the copies behind the live work
+            shadows = [
+                InferenceResult.model_validate_json(r.value)
+                for r in await read_topic(rollout, rollout.topic("shadow"), timeout_s=5)
+            ]
+            shadows = [s for s in shadows if s.id.startswith(tag)]
+            if len({s.id for s in shadows}) == 4:
+                break
+            await asyncio.sleep(0.5)
+    assert {s.id for s in shadows} == {r.id for r in results}, shadows
+    assert {(s.version, s.model) for s in shadows} == {("smol", "llamacpp:smollm2-135m")}
+    # Nothing of the shadow's reached the client's reply topic or the results topic.
+    replies = [
+        InferenceResult.model_validate_json(r.value)
+        for r in await read_topic(rollout, f"{rollout.replies_topic}.{client_id}", timeout_s=5)
+    ]
+    assert sorted(r.id for r in replies) == sorted(r.id for r in results), replies
+    assert {r.version for r in replies} == {"q4_k_m"}
+    everything = [
+        InferenceResult.model_validate_json(r.value)
+        for r in await read_topic(rollout, rollout.topic("results"), timeout_s=10)
+    ]
+    assert not [r for r in everything if r.id.startswith(tag) and r.version == "smol"]
+    report = json.loads(models(rollout_env, "report", "--json", "--no-embed"))
+    (row,) = [r for r in report if r["version"] == "smol"]
+    assert row["compared"] >= 4 and row["shadow_p50_ms"] is not None, row
