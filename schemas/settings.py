@@ -308,6 +308,20 @@ class RoutingSettings(BaseSettings):
     force_path: Literal["light", "heavy"] | None = None
     """Send every request to one model path, skipping cache, rules and the
     router (a single-path baseline; ``laneway bench`` compares against it)."""
+    learned_router: FsPath | None = None
+    """A learned router artifact (``laneway distill train``, one JSON file):
+    one more signal beside latency, cost and failure. Unset: routing exactly
+    as without it."""
+    w_learned: float = Field(default=1.0, ge=0)
+    """Weight of the learned term: the light path's score gains
+    ``w_learned * (logit(threshold) - logit(p))``. At 1 the live latency/cost
+    difference of the two paths (~0.3-0.5 on the embedded models) moves the
+    calibrated threshold by about that much in logit units. 0 turns the
+    learned router off (routing as without an artifact)."""
+    learned_max_complexity: Literal["simple", "moderate", "complex"] = "complex"
+    """The learned router judges requests up to this complexity class (every
+    model serving the lane competes for them); above it the registry's
+    ``max_complexity`` rule alone decides."""
 
 
 class RolloutSettings(BaseSettings):

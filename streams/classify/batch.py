@@ -124,10 +124,16 @@ class Plan:
     rule_read: tuple[str, str] | None = None
     replies: dict[str, Any] = field(default_factory=dict)
     """What Redis answered this request's own reads (its rule lookup)."""
+    embedding: Any = None
+    """The text's MiniLM row for the learned router (model-bound requests only)."""
 
     def found(self) -> Found:
         return Found(
-            hit=self.hit, rule=self.rule, intent=self.intent[0], history_turns=len(self.history)
+            hit=self.hit,
+            rule=self.rule,
+            intent=self.intent[0],
+            history_turns=len(self.history),
+            embedding=self.embedding,
         )
 
 
@@ -183,8 +189,11 @@ class BatchLookups:
         self.limiter = RateLimiter(redis, settings.ratelimit, prefix)
         self.sessions = SessionStore(redis, settings.session, key_prefix=prefix)
         self.semantic = settings.cache_in_use and settings.cache.semantic
-        if embedder is None and self.semantic:
+        learned = settings.routing.learned_router is not None and not settings.routing.force_path
+        if embedder is None and (self.semantic or learned):
             embedder = MiniLMEmbedder()
+        self.router_embedder = embedder if learned else None
+        """Embeds the model-bound requests for the learned router's full head."""
         self.cache = ResponseCache(
             redis, settings.cache, key_prefix=prefix, embedder=embedder if self.semantic else None
         )
@@ -214,6 +223,7 @@ class BatchLookups:
         await self._second_round(live)
         if not self.settings.routing.force_path:
             await self._semantic(live, first.version)
+            await self._embed_for_router(live)
         for i, plan in plans.items():
             try:
                 out[i] = self._looked(plan)
@@ -349,6 +359,25 @@ class BatchLookups:
         hits = await self.cache.semantic_many([p.probe for p in wanted])  # type: ignore[misc]
         for plan, hit in zip(wanted, hits, strict=True):
             plan.hit = hit
+
+    async def _embed_for_router(self, plans: list[Plan]) -> None:
+        """One embedding call for the requests the router will route (allowed,
+        no cache hit, no rule answer), when a learned router is loaded. On
+        failure the router uses its features-only head."""
+        if self.router_embedder is None:
+            return
+        wanted = [p for p in plans if p.verdict.allowed and p.hit is None and p.rule is None]
+        if not wanted:
+            return
+        texts = list(dict.fromkeys(p.text for p in wanted))
+        try:
+            vectors = await asyncio.to_thread(self.router_embedder.embed, texts)
+        except Exception:
+            log.exception("embedding for the learned router failed; routing on features")
+            return
+        by_text = dict(zip(texts, vectors, strict=True))
+        for plan in wanted:
+            plan.embedding = by_text[plan.text]
 
     def _looked(self, plan: Plan) -> Looked:
         if plan.verdict.allowed and plan.probe is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from schemas.messages import InferenceRequest, Lane, Path
 from schemas.settings import RoutingSettings
@@ -38,6 +39,9 @@ class Found:
     rule: RuleAnswer | None = None
     intent: str | None = None
     history_turns: int = 0
+    embedding: Any = None
+    """The request's MiniLM embedding (``numpy`` row), when the lookups made
+    one for the learned router; ``None`` otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +86,9 @@ def decide(
     if found.rule is not None:
         return Decision(answered_lane, Path.RULES, complexity, features, rule=found.rule)
     served = None if serving is None else serving.get(lane, frozenset())
-    choice = router.choose(complexity, lane, stats, served)
+    choice = router.choose(
+        complexity, lane, stats, served, features=features, embedding=found.embedding
+    )
     return Decision(
         lane,
         choice.path,

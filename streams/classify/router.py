@@ -13,6 +13,12 @@ quality loop (``streams.quality.loop``) through Redis; a path never measured
 uses its registry figures. A small exploration rate sends a request to
 another eligible path now and then, so a path that recovered wins its
 traffic back.
+
+A learned router (``LANEWAY_ROUTING_LEARNED_ROUTER``, an artifact of
+``laneway distill train``) is one more signal: for the requests it judges
+it adds ``w_learned * (logit(threshold) - logit(p))`` to the light path's
+score, positive when light is predicted not good enough (see
+``SmartRouter.choose``). Without an artifact routing is as before.
 """
 
 from __future__ import annotations
@@ -24,10 +30,13 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from schemas.messages import Lane, Path, QualityEvent
 from schemas.settings import RoutingSettings
-from streams.classify.features import Complexity
+from streams.classify.features import Complexity, RequestFeatures
 from streams.classify.registry import ModelEntry, ModelRegistry
+from streams.distill.learned import LearnedRouter
 
 __all__ = ["Choice", "PathStats", "RouteBoard", "SmartRouter", "score_paths"]
 
@@ -89,6 +98,8 @@ class Choice:
     model: str
     scores: dict[str, float]
     explored: bool = False
+    learned_p: float | None = None
+    """The learned router's chance that light is good enough, when it judged."""
 
 
 def score_paths(
@@ -115,11 +126,22 @@ def score_paths(
 
 class SmartRouter:
     def __init__(
-        self, registry: ModelRegistry, routing: RoutingSettings, rng: random.Random | None = None
+        self,
+        registry: ModelRegistry,
+        routing: RoutingSettings,
+        rng: random.Random | None = None,
+        learned: LearnedRouter | None = None,
     ) -> None:
+        """``learned``: a learned router (``streams.distill``); by default the
+        artifact ``routing.learned_router`` names, loaded now (a bad file is
+        an ``ArtifactError`` at start, not a surprise later), or none."""
         self.registry = registry
         self.routing = routing
         self._rng = rng or random.Random()
+        if learned is None and routing.learned_router is not None:
+            learned = LearnedRouter.from_file(routing.learned_router)
+            log.info("learned router %s loaded from %s", learned.version, learned.source)
+        self.learned = learned
 
     def choose(
         self,
@@ -127,11 +149,23 @@ class SmartRouter:
         lane: Lane,
         stats: Mapping[Path, PathStats],
         served: Collection[Path] | None = None,
+        *,
+        features: RequestFeatures | None = None,
+        embedding: np.ndarray | None = None,
     ) -> Choice:
         """``served``: the paths live workers on ``lane`` serve (``None``:
         not known, every path counts as served). No path leaves for a lane
         where no live worker serves it; when none of the eligible paths is
-        served there, the lane's served paths compete instead."""
+        served there, the lane's served paths compete instead.
+
+        With a learned router and the request's ``features`` (and its MiniLM
+        ``embedding``, when at hand), a request up to ``learned_max_complexity``
+        is judged by it: every model serving the lane competes, and the light
+        path's score gains ``w_learned * (logit(threshold) - logit(p))``,
+        ``p`` the predicted chance its answer is good enough."""
+        learned = self._learned_term(complexity, features, embedding)
+        if learned is not None:
+            complexity = Complexity.SIMPLE  # the learned term stands in for capability
         candidates = self.registry.eligible(complexity, lane)
         if served is not None:
             live = [m for m in candidates if m.model_path in served] or [
@@ -139,6 +173,8 @@ class SmartRouter:
             ]
             candidates = live or candidates
         scores = score_paths(candidates, stats, self.routing)
+        if learned is not None and Path.LIGHT in scores:
+            scores[Path.LIGHT] += learned[1]
         healthy = [m for m in candidates if self._healthy(stats.get(m.model_path))]
         best = min(healthy or candidates, key=lambda m: (scores[m.model_path], -m.capability))
         others = [m for m in candidates if m is not best]
@@ -146,8 +182,27 @@ class SmartRouter:
         if explored:
             best = self._rng.choice(others)
         return Choice(
-            best.model_path, best.name, {p.value: round(s, 4) for p, s in scores.items()}, explored
+            best.model_path,
+            best.name,
+            {p.value: round(s, 4) for p, s in scores.items()},
+            explored,
+            learned_p=None if learned is None else round(learned[0], 4),
         )
+
+    def _learned_term(
+        self,
+        complexity: Complexity,
+        features: RequestFeatures | None,
+        embedding: np.ndarray | None,
+    ) -> tuple[float, float] | None:
+        """``(p, term added to the light path's score)``, or ``None`` when the
+        learned router does not judge this request."""
+        if self.learned is None or features is None or self.routing.w_learned == 0:
+            return None
+        if complexity > Complexity.named(self.routing.learned_max_complexity):
+            return None
+        p, margin = self.learned.margin(features, embedding)
+        return p, -self.routing.w_learned * margin
 
     def _healthy(self, stats: PathStats | None) -> bool:
         return stats is None or stats.success_rate >= self.routing.min_success_rate

@@ -79,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--max-tokens", type=int, default=64)
     ask.add_argument("--timeout-s", type=float, default=120.0)
 
+    from streams.tools.distill_cli import add_distill_parser
+
+    add_distill_parser(sub)
+
     bench = sub.add_parser("bench", help="drive a mixed workload and print latency/throughput")
     bench.add_argument("-n", "--requests", type=int, default=120)
     bench.add_argument(
@@ -132,6 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--pipeline-batch", type=int, default=8, help="--pipeline: the bulk lane's batch size"
     )
+    from streams.tools.bench_router import add_router_arguments
+
+    add_router_arguments(bench)
 
     prewarm = sub.add_parser(
         "prewarm", help="refresh the cache entries of the most asked questions (nightly)"
@@ -324,6 +331,11 @@ def _ask(settings: Settings, args: argparse.Namespace) -> int:
 def _bench(settings: Settings, args: argparse.Namespace) -> int:
     from streams.tools.bench import run_bench
 
+    if args.router:
+        from streams.tools.bench_router import run_router_bench
+
+        return run_router_bench(settings, args)
+
     if args.compare:
         from streams.tools.bench_compare import compare
 
@@ -392,6 +404,12 @@ def _batch(settings: Settings, args: argparse.Namespace) -> int:
     return run_batch(settings, args)
 
 
+def _distill(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.tools.distill_cli import run_distill
+
+    return run_distill(settings, args)
+
+
 def _models(settings: Settings, args: argparse.Namespace) -> int:
     from streams.tools.models_cli import run_models
 
@@ -425,6 +443,7 @@ _COMMANDS = {
     "batch": _batch,
     "check": _check,
     "models": _models,
+    "distill": _distill,
 }
 
 if __name__ == "__main__":
