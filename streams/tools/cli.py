@@ -191,6 +191,15 @@ def _log_path(args: argparse.Namespace) -> FsPath | None:
     return FsPath.home() / ".cache" / "laneway" / "logs" / f"{args.command}-{stamp}.log"
 
 
+def _quiet(settings: Settings, args: argparse.Namespace) -> FsPath | None:
+    """Unless ``-v``: this process's log joins its children's in the log
+    file, and the console keeps status lines, warnings and errors."""
+    path = _log_path(args)
+    if path is not None:
+        configure_logging(settings.log_level, settings.log_format, args.command, path)
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = Settings()
@@ -276,7 +285,7 @@ def _up(settings: Settings, args: argparse.Namespace) -> int:
         redis_port=args.redis_port,
         use_external_redis="url" in settings.redis.model_fields_set,
         http_port_base=args.http_port_base,
-        log_path=_log_path(args),
+        log_path=_quiet(settings, args),
     )
     # Until run() takes over signals, SIGTERM unwinds through start()'s cleanup.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -425,7 +434,7 @@ def _check(settings: Settings, args: argparse.Namespace) -> int:
 def _demo(settings: Settings, args: argparse.Namespace) -> int:
     from streams.tools.demo import run_demo
 
-    return run_demo(settings, _log_path(args))
+    return run_demo(settings, _quiet(settings, args))
 
 
 _COMMANDS = {

@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
 
 __all__ = ["TEXT_FORMAT", "JsonFormatter", "configure_logging"]
@@ -41,10 +42,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
-def configure_logging(level: str, fmt: LogFormat, process: str) -> None:
+def configure_logging(
+    level: str, fmt: LogFormat, process: str, log_file: Path | None = None
+) -> None:
     """Set up the root logger once for the whole process (faust is told not
-    to override it)."""
-    handler = logging.StreamHandler(sys.stderr)
+    to override it). ``log_file``: the log goes there, and the console gets
+    warnings and errors only (``laneway up`` and ``demo`` keep it quiet)."""
     formatter = JsonFormatter(process) if fmt == "json" else logging.Formatter(TEXT_FORMAT)
-    handler.setFormatter(formatter)
-    logging.basicConfig(level=level, handlers=[handler], force=True)
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(formatter)
+    handlers: list[logging.Handler] = [console]
+    if log_file is not None:
+        console.setLevel(logging.WARNING)
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        to_file = logging.FileHandler(log_file)
+        to_file.setFormatter(formatter)
+        handlers.append(to_file)
+    logging.basicConfig(level=level, handlers=handlers, force=True)
