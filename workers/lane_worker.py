@@ -68,6 +68,12 @@ COALESCED = Counter(
 DEVICES = {"llamacpp": "cpu", "rules": "cpu", "vllm": "cuda", "openai": "remote"}
 """Where each backend kind runs, as announced on the worker board."""
 
+SHADOWS = Counter(
+    "laneway_shadow_results_total",
+    "Answers of shadow versions, recorded on the shadow topic and never sent to a client",
+    ["lane", "status"],
+)
+
 REPLAYED = Counter(
     "laneway_results_replayed_total",
     "Redelivered requests answered from the result store instead of a model",
@@ -400,7 +406,10 @@ class LaneWorker:
         await self._commit(records)
 
         BATCH_SIZE.labels(self.lane).observe(len(fresh))
-        for _, _, result in answers:
+        for _, routed, result in answers:
+            if routed.shadow:  # not a client's result: SHADOWS counts it
+                SHADOWS.labels(self.lane, result.status).inc()
+                continue
             code = result.error.code if result.error else ""
             RECORDS.labels(f"worker-{self.lane}", result.status).inc()
             RESULTS.labels(self.lane, result.path, result.status, code).inc()

@@ -195,8 +195,9 @@ def build_app(
 
     @app.timer(settings.rollout.refresh_s)
     async def refresh_rollout() -> None:
-        """The live model versions (``laneway models``) and who serves them."""
-        await rollout.refresh()
+        """The live model versions (``laneway models``) and who serves them;
+        the router scores each path by its active version's registry entry."""
+        router.registry = (await rollout.refresh()).registry
 
     @app.timer(settings.rules.reload_interval_s)
     async def reload_rules() -> None:

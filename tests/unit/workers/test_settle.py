@@ -170,3 +170,21 @@ def test_an_answer_names_the_cache_entry_it_came_from_or_is_stored_under() -> No
         update={"routing": SETTINGS.routing.model_copy(update={"force_path": "heavy"})}
     )
     assert answer_cache_key(asked, model, forced) is None
+
+
+def test_a_shadow_copy_is_never_parked_and_never_answers_a_client() -> None:
+    from workers.result_store import record_id
+    from workers.settle import terminal_for
+
+    shadow = routed("s1").model_copy(update={"version": "smol", "shadow": True})
+    value = shadow.model_dump_json().encode()
+    key = (LANE_TOPIC, 0, 7, record_id("s1", "smol", shadow=True))
+    assert key[3] != "s1"  # its result-store entry is not the live request's
+    result = failed("s1", BackendUnavailable("down")).model_copy(update={"version": "smol"})
+    left, parked, out = settle_failures(
+        [(key, shadow, result)], [record(7, value)], SETTINGS, Lane.BULK
+    )
+    assert left == [(key, shadow, result)] and parked == [] and out == []
+    (only,) = terminal_for(result, shadow, int(time.time() * 1000), SETTINGS)
+    assert only.topic == SETTINGS.topic("shadow")
+    assert InferenceResult.model_validate_json(only.value).version == "smol"
