@@ -7,8 +7,15 @@ from pathlib import Path as FsPath
 
 import pytest
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, QualityEvent
-from schemas.settings import BackendSettings, RolloutSettings, Settings
+from schemas.messages import (
+    InferenceRequest,
+    InferenceResult,
+    Lane,
+    Path,
+    QualityEvent,
+    RoutedRequest,
+)
+from schemas.settings import BackendSettings, RolloutSettings, RoutingSettings, Settings
 from streams.classify.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
 from streams.classify.router import PathStats
 from streams.quality.loop import PartStats, fold, merge_versions, version_field
@@ -282,3 +289,45 @@ def test_the_shadow_report_pairs_answers_by_id_and_counts_agreement() -> None:
     assert report.compared == 2 and report.exact == 0.5 and report.cosine == 0.5
     assert report.shadow_p50_ms == 60.0 and report.active_p50_ms == 100.0
     assert "smol" in format_reports([report])
+
+
+def test_the_classifier_names_the_version_and_adds_shadow_copies_at_level_0() -> None:
+    import json
+
+    from streams.classify.classifier import SourceRecord, admit, route
+    from streams.classify.policy import Found
+    from streams.classify.router import SmartRouter
+
+    settings = Settings(routing=RoutingSettings(exploration=0.0))
+    reg = registry(
+        {"name": "smol", "version": "smol", "state": "canary", "share": 1.0},
+        {"name": "gem2", "version": "gem2", "state": "shadow"},
+    )
+    served = {Lane.BULK: frozenset({(Path.HEAVY, "smol"), (Path.HEAVY, "gem2")})}
+    view = RolloutView(reg, served)
+    value = json.dumps({"id": "r-1", "prompt": "Explain why the sky is blue.", "lane": "bulk"})
+    record = SourceRecord(value.encode(), b"r-1", 1_000, "laneway.requests", 0, 1)
+    admitted = admit(record, now_ms=1_005, settings=settings)
+    assert not hasattr(admitted, "outcome")
+    router = SmartRouter(reg, settings.routing)
+
+    def routed_at(level: int) -> list[tuple[str, RoutedRequest]]:
+        out = route(
+            admitted,  # type: ignore[arg-type]
+            Found(),
+            now_ms=1_005,
+            settings=settings,
+            router=router,
+            level=level,
+            rollout=view,
+        )
+        return [(o.topic, RoutedRequest.model_validate_json(o.value)) for o in out.records]
+
+    (live, copy) = routed_at(0)
+    assert live[0] == "laneway.lane.bulk" and live[1].path == "heavy"
+    assert (live[1].version, live[1].shadow) == ("smol", False)
+    assert copy[0] == "laneway.lane.bulk"
+    assert (copy[1].version, copy[1].shadow, copy[1].deadline_at_ms) == ("gem2", True, None)
+    assert copy[1].request == live[1].request
+    # Under load: moved to light (its active version) and no shadow copy.
+    assert [(r.path, r.version) for _, r in routed_at(1)] == [("light", "q4_1")]
