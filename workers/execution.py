@@ -300,12 +300,10 @@ class Executor:
         tried: list[tuple[Path, str | None, BackendSlot | None]] = []
         if version is not None:
             tried.append((path, version, self.versions.get((path, version))))
-            if shadow:
-                return tried
         for candidate in (path, *FALLBACK[path]):
             slot = self.slots.get(candidate)
             tried.append((candidate, slot.version if slot else None, slot))
-        return tried
+        return tried[:1] if shadow else tried
 
     async def _run_path(
         self,

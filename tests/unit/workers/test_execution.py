@@ -428,3 +428,15 @@ def test_slots_come_from_the_registrys_versions_that_are_not_retired() -> None:
     assert {p: s.version for p, s in slots.items()} == {Path.HEAVY: "q4_k_m", Path.RULES: None}
     assert list(version_slots(BackendSettings(), registry, (Path.HEAVY,))) == [(Path.HEAVY, "smol")]
     assert version_slots(BackendSettings(), registry, (Path.LIGHT,)) == {}
+
+
+async def test_a_shadow_of_the_workers_own_active_version_never_falls_back() -> None:
+    broken = Exploding(RuntimeError("model file not found"))
+    slots = {
+        Path.HEAVY: versioned(broken, "v1"),
+        Path.LIGHT: rules_slot(),
+        Path.RULES: rules_slot(),
+    }
+    executor = Executor(Lane.BULK, slots)
+    (done,) = await executor.execute([for_version("ping", "v1", shadow=True)])
+    assert done.result.status == "error" and done.result.path == "heavy"
