@@ -96,16 +96,19 @@ class VersionRollout:
         )
 
 
-def field_name(path: Path, version: str, kind: str = MODEL_KIND) -> str:
-    return f"{kind}:{path.value}:{version}"
+def field_name(subject: Path | str, version: str, kind: str = MODEL_KIND) -> str:
+    """``<kind>:<subject>:<version>``: ``model:heavy:2``."""
+    return f"{kind}:{subject}:{version}"
 
 
-def parse_field(name: str) -> tuple[str, Path, str] | None:
+def parse_field(name: str) -> tuple[str, str, str] | None:
+    """``(kind, subject, version)`` of a field: the subject is a model path
+    for kind ``model``, whatever the kind names otherwise (a router)."""
     kind, _, rest = name.partition(":")
-    path_name, _, version = rest.partition(":")
-    if not version or path_name not in {p.value for p in Path}:
+    subject, _, version = rest.partition(":")
+    if not kind or not subject or not version:
         return None
-    return kind, Path(path_name), version
+    return kind, subject, version
 
 
 def apply(
@@ -228,23 +231,32 @@ class RolloutStore:
     """The roll-out hash in Redis. Reads fail open: ``None`` when Redis
     cannot say (the caller keeps what it knew)."""
 
-    def __init__(self, redis: Any, key_prefix: str, kind: str = MODEL_KIND) -> None:
+    def __init__(self, redis: Any, key_prefix: str) -> None:
         self._redis = redis
         self.key = f"{key_prefix}:models:rollout"
-        self.kind = kind
         self._failopen = FailOpen("roll-out state", log=log, label="rollout")
 
     async def read(self) -> Overrides | None:
+        """The model versions' live states (``None``: Redis cannot say)."""
+        fields = await self.read_kind(MODEL_KIND)
+        if fields is None:
+            return None
+        paths = {p.value for p in Path}
+        return {(Path(s), v): live for (s, v), live in fields.items() if s in paths}
+
+    async def read_kind(self, kind: str) -> dict[tuple[str, str], VersionRollout] | None:
+        """Every live state of ``kind`` by (subject, version): the same hash
+        carries other kinds of versions (a learned router's) beside the models'."""
         try:
             raw = await self._redis.hgetall(self.key)
         except (RedisError, OSError) as exc:
             self._failopen.failed("read", exc)
             return None
         self._failopen.answered()
-        out: Overrides = {}
+        out: dict[tuple[str, str], VersionRollout] = {}
         for name, value in raw.items():
             parsed = parse_field(name.decode() if isinstance(name, bytes) else name)
-            if parsed is None or parsed[0] != self.kind:
+            if parsed is None or parsed[0] != kind:
                 continue
             try:
                 out[(parsed[1], parsed[2])] = VersionRollout.from_json(value)
@@ -252,21 +264,28 @@ class RolloutStore:
                 log.warning("roll-out field %r unreadable: %s", name, exc)
         return out
 
-    async def write(self, changes: Mapping[tuple[Path, str], VersionRollout]) -> None:
-        """Set every field of ``changes`` at once (raises on a Redis error:
-        the CLI says the change was not made)."""
-        mapping = {field_name(p, v, self.kind): r.to_json() for (p, v), r in changes.items()}
+    async def write(
+        self,
+        changes: Mapping[tuple[Path, str], VersionRollout]
+        | Mapping[tuple[str, str], VersionRollout],
+        kind: str = MODEL_KIND,
+    ) -> None:
+        """Set every field of ``changes`` (by subject and version) at once
+        (raises on a Redis error: the CLI says the change was not made)."""
+        mapping = {field_name(p, v, kind): r.to_json() for (p, v), r in changes.items()}
         if mapping:
             await self._redis.hset(self.key, mapping=mapping)
 
-    async def drain(self, path: Path, version: str, reason: str, *, now_ms: int) -> bool:
+    async def drain(
+        self, path: Path | str, version: str, reason: str, *, now_ms: int, kind: str = MODEL_KIND
+    ) -> bool:
         """Set a canary to share 0 because of ``reason``; ``True`` only for
         the caller that drained it (a canary already at 0 is left alone), so
         of several quality-loop replicas one reports the rollback."""
         drained = VersionRollout("canary", 0.0, now_ms, "rollback", reason)
         try:
             done = await self._redis.eval(
-                _DRAIN, 1, self.key, field_name(path, version, self.kind), drained.to_json()
+                _DRAIN, 1, self.key, field_name(path, version, kind), drained.to_json()
             )
         except (RedisError, OSError) as exc:
             self._failopen.failed("drain", exc)

@@ -16,7 +16,7 @@ from schemas.messages import Path
 from schemas.settings import Settings
 from streams.classify.registry import load_registry
 from streams.rollout.board import RolloutBoard
-from streams.rollout.state import RolloutStore
+from streams.rollout.state import RolloutStore, VersionRollout
 from streams.tools.cli import _parser
 from streams.tools.models_cli import run_models
 
@@ -94,3 +94,16 @@ async def test_only_one_replica_drains_a_canary(
     assert (first, second) == (True, False)
     live = (await store.read() or {})[(Path.HEAVY, "smol")]
     assert (live.share, live.by, live.reason, live.at_ms) == (0.0, "rollback", "success rate 0%", 1)
+
+
+async def test_another_kind_of_version_shares_the_hash_without_touching_the_models(
+    settings: Settings, redis_client: aioredis.Redis
+) -> None:
+    """A learned router's versions can go out through the same state."""
+    store = RolloutStore(redis_client, settings.redis.key_prefix)
+    await store.write({("learned", "r7"): VersionRollout("canary", 0.1)}, kind="router")
+    assert await store.read() == {}  # the models' view is unchanged
+    assert await store.read_kind("router") == {("learned", "r7"): VersionRollout("canary", 0.1)}
+    assert await store.drain("learned", "r7", "worse", now_ms=3, kind="router")
+    drained = (await store.read_kind("router") or {})[("learned", "r7")]
+    assert (drained.share, drained.by) == (0.0, "rollback")
