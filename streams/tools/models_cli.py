@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from schemas.messages import InferenceResult
 from schemas.settings import Settings
-from streams.classify.registry import ModelRegistry, RegistryError, load_registry
+from streams.classify.registry import ModelEntry, ModelRegistry, RegistryError, load_registry
 from streams.classify.router import PathStats
 from streams.rollout import state
 from streams.rollout.report import aggregate, format_reports, pair
@@ -146,7 +146,7 @@ async def _list(
                 "version": entry.version,
                 "model": f"{entry.backend}:{entry.name}",
                 "state": entry.state,
-                "share": entry.traffic_share,
+                "share": _share(live, entry),
                 "workers": workers,
                 "events": len(record.outcomes) if record else 0,
                 "success_rate": record.success_rate if record else None,
@@ -173,6 +173,15 @@ async def _list(
             f"{latency:>8}  {note}"
         )
     return 0
+
+
+def _share(live: ModelRegistry, entry: ModelEntry) -> float:
+    """The part of its path's traffic a version gets: the active one has
+    what the canaries leave (before the worker board narrows them)."""
+    if entry.state != "active":
+        return entry.traffic_share
+    canaries = sum(m.traffic_share for m in live.versions(entry.model_path) if m.state == "canary")
+    return max(0.0, 1.0 - canaries)
 
 
 async def _report(settings: Settings, args: argparse.Namespace) -> int:
