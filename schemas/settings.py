@@ -481,6 +481,12 @@ class BackendSettings(BaseSettings):
     ``max_tokens`` may not add up to more; a request waits until it fits. A
     ``max_tokens`` larger than the room its prompt leaves (in this budget and
     in ``n_ctx``) is shortened to it; a prompt that leaves none is INF-400."""
+    llamacpp_batch_invariant: bool = True
+    """A greedy answer does not depend on what it was batched with: separate
+    KV caches per sequence and weights without llama.cpp's repacked kernels.
+    ``false``: one unified KV cache and the repacked kernels, faster at batch
+    (``laneway bench --backend llamacpp --modes invariant,fast``) while a
+    greedy answer may change with its batch-mates."""
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     """An OpenAI-compatible server, e.g. ``vllm serve`` or ``llama_cpp.server``."""
     openai_api_key: SecretStr = SecretStr("none")

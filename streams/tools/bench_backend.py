@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +57,10 @@ class Rate:
     @property
     def requests_per_s(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
+
+
+MODES = {"invariant": True, "fast": False}
+"""``--modes``: the value of ``llamacpp_batch_invariant`` each one runs with."""
 
 
 def bench_prompts(n: int) -> list[str]:
@@ -123,7 +128,7 @@ async def _timed(
 
 def format_rates(rates: Sequence[Rate]) -> str:
     header = (
-        f"{'model':<14} {'batch':>5} {'in flight':>9} {'tokens/s':>9} {'requests/s':>11} "
+        f"{'model':<21} {'batch':>5} {'in flight':>9} {'tokens/s':>9} {'requests/s':>11} "
         f"{'vs batch 1':>10} {'tokens/cpu-s':>12} {'vs batch 1':>10} {'tokens':>7} "
         f"{'seconds':>8} {'errors':>6}"
     )
@@ -134,7 +139,7 @@ def format_rates(rates: Sequence[Rate]) -> str:
         wall = rate.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0
         cpu = rate.tokens_per_cpu_s / base.tokens_per_cpu_s if base.tokens_per_cpu_s else 0.0
         lines.append(
-            f"{rate.model:<14} {rate.batch_size:>5} {rate.inflight:>9} {rate.tokens_per_s:>9.1f} "
+            f"{rate.model:<21} {rate.batch_size:>5} {rate.inflight:>9} {rate.tokens_per_s:>9.1f} "
             f"{rate.requests_per_s:>11.2f} {wall:>9.2f}x {rate.tokens_per_cpu_s:>12.1f} "
             f"{cpu:>9.2f}x {rate.completion_tokens:>7} {rate.seconds:>8.1f} {rate.errors:>6}"
         )
@@ -149,14 +154,24 @@ def run_backend_bench(settings: Settings, args: argparse.Namespace) -> int:
     if not sizes or min(sizes) < 1:
         print(f"laneway bench: --batch-sizes {args.batch_sizes!r} is not a list like 1,2,4,8")
         return 2
+    modes = [m.strip() for m in str(args.modes).split(",") if m.strip()]
+    if not modes or set(modes) - set(MODES):
+        print(f"laneway bench: --modes {args.modes!r} is not a list of {', '.join(MODES)}")
+        return 2
     prompts = bench_prompts(2 * max(sizes))  # two in flight of the largest batch
 
     async def measure() -> list[Rate]:
         rates: list[Rate] = []
         for model in KNOWN_MODELS:
-            rates += await direct_rates(
-                settings.backend, model, sizes, prompts, args.max_tokens, args.backend, (1, 2)
-            )
+            for mode in modes:
+                backend = settings.backend.model_copy(
+                    update={"llamacpp_batch_invariant": MODES[mode]}
+                )
+                measured = await direct_rates(
+                    backend, model, sizes, prompts, args.max_tokens, args.backend, (1, 2)
+                )
+                label = model if len(modes) == 1 else f"{model} {mode}"
+                rates += [dataclasses.replace(rate, model=label) for rate in measured]
         return rates
 
     rates = asyncio.run(measure())

@@ -126,6 +126,11 @@ def _parser() -> argparse.ArgumentParser:
         "--batch-sizes", default="1,2,4,8,16", help="--backend: batch sizes, comma-separated"
     )
     bench.add_argument(
+        "--modes",
+        default="invariant",
+        help="--backend llamacpp: invariant and/or fast (LANEWAY_BACKEND_LLAMACPP_BATCH_INVARIANT)",
+    )
+    bench.add_argument(
         "--pipeline",
         action="store_true",
         help="one model called directly, then through Kafka and a bulk worker: efficiency",

@@ -146,3 +146,20 @@ async def test_a_decoder_that_stopped_is_loaded_again(smollm2: LlamaCppBackend) 
     (outcome,) = await smollm2.infer_batch([ask("Say hi.", 4)])
     assert generation(outcome).completion_tokens > 0
     assert smollm2._decoder is not stopped and await smollm2.check_health()
+
+
+async def test_the_fast_mode_decodes_a_batch_in_one_shared_cache() -> None:
+    """``llamacpp_batch_invariant=False``: a unified KV cache and repacked
+    kernels. Answers may move with the batch, so only their shape is held
+    here: every one answered, in full, with its own usage."""
+    engine = LlamaCppBackend("gemma3-270m", BackendSettings(llamacpp_batch_invariant=False))
+    await engine.load()
+    try:
+        assert engine._decoder is not None and not engine._decoder.batch_invariant
+        together = [generation(o) for o in await engine.infer_batch([ask(p) for p in PROMPTS])]
+        alone = generation((await engine.infer_batch([ask(PROMPTS[0])]))[0])
+    finally:
+        await engine.close()
+    assert all(0 < g.completion_tokens <= 24 and g.prompt_tokens for g in together)
+    assert sum(bool(g.text) for g in together) >= 6  # the base model opens some with a blank line
+    assert alone.text and alone.prompt_tokens == together[0].prompt_tokens

@@ -156,8 +156,14 @@ class BatchDecoder:
         n_threads: int,
         repeat_penalty: float,
         n_batch: int = 512,
+        batch_invariant: bool = True,
     ) -> None:
+        """``batch_invariant``: separate KV caches and no repacked kernels,
+        so a greedy answer does not depend on its batch-mates (see above);
+        ``False``: one unified KV cache and llama.cpp's repacked kernels,
+        faster at batch, answers that may move with the batch."""
         self.model_path = model_path
+        self.batch_invariant = batch_invariant
         self.max_sequences = max_sequences
         self.max_batch_tokens = max_batch_tokens
         self._n_ctx = n_ctx
@@ -257,7 +263,7 @@ class BatchDecoder:
             self._llama = Llama(model_path=self.model_path, vocab_only=True, verbose=False)
             model_params = llama_cpp.llama_model_default_params()
             model_params.n_gpu_layers = 0
-            model_params.use_extra_bufts = False
+            model_params.use_extra_bufts = not self.batch_invariant
             self._model = llama_cpp.llama_model_load_from_file(
                 self.model_path.encode(), model_params
             )
@@ -274,7 +280,7 @@ class BatchDecoder:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = self._n_ctx * self.max_sequences
         params.n_seq_max = self.max_sequences
-        params.kv_unified = False
+        params.kv_unified = not self.batch_invariant
         params.n_batch = params.n_ubatch = self._n_batch
         params.n_threads = params.n_threads_batch = self._n_threads
         with suppress_stdout_stderr(disable=False):  # llama.cpp's load report

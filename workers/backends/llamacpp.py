@@ -64,6 +64,7 @@ class LlamaCppBackend:
             max_batch_tokens=self._settings.llamacpp_max_batch_tokens,
             n_threads=self._settings.n_threads,
             repeat_penalty=self._settings.repeat_penalty,
+            batch_invariant=self._settings.llamacpp_batch_invariant,
         )
         try:
             await asyncio.wrap_future(decoder.start())
