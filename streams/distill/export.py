@@ -248,34 +248,47 @@ def join_rows(
 
 async def _read_topic(
     consumer: AIOKafkaConsumer,
-    topic: str,
+    tps: Sequence[TopicPartition],
     since_ms: int,
     until_ms: int,
     take: Callable[[int, bytes | None], None],
 ) -> int:
-    """Feed ``take(ts_ms, value)`` every record of ``topic`` with a timestamp
-    in ``[since_ms, until_ms)``, from ``offsets_for_times(since_ms)`` up to
-    the high-water mark read first. Returns how many records were read."""
-    partitions = consumer.partitions_for_topic(topic)
-    if not partitions:
+    """Feed ``take(ts_ms, value)`` every record of the partitions ``tps`` with
+    a timestamp in ``[since_ms, until_ms)``, from ``offsets_for_times(since_ms)``
+    up to the high-water mark read first. Returns how many records were read.
+
+    Tansu answers a time past its last record with offset 0 and timestamp -1
+    (Kafka with none, which aiokafka gives as ``None``): both mean nothing
+    to read. Its offsets may also be a little early (the start of the batch
+    holding the time); the timestamp filter drops what is before the window."""
+    if not tps:
         return 0
-    tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-    ends = await consumer.end_offsets(tps)
+    ends = await consumer.end_offsets(list(tps))
     starts: dict[TopicPartition, int | None]
     try:
         found = await consumer.offsets_for_times({tp: since_ms for tp in tps})
-        starts = {tp: None if found.get(tp) is None else found[tp].offset for tp in tps}
+        starts = {
+            tp: None if found.get(tp) is None or found[tp].timestamp < 0 else found[tp].offset
+            for tp in tps
+        }
     except Exception as exc:  # a broker without timestamp lookups: from the start, filtered
+        topic = tps[0].topic
         log.warning("%s: offsets_for_times failed (%s); reading from the beginning", topic, exc)
-        starts = dict(await consumer.beginning_offsets(tps))
-    consumer.assign(tps)
-    todo: dict[TopicPartition, int] = {}
-    for tp in tps:
-        start = starts.get(tp)
-        if start is None or start >= ends[tp]:
-            continue  # nothing at or after since_ms
+        starts = dict(await consumer.beginning_offsets(list(tps)))
+    todo = {
+        tp: ends[tp]
+        for tp in tps
+        if (start := starts.get(tp)) is not None and start < ends[tp]  # else nothing after since
+    }
+    if not todo:
+        return 0
+    # Only partitions with something to read: one assigned without a
+    # position would be fetched from its end, and stop() waits for that fetch.
+    consumer.assign(list(todo))
+    for tp in todo:
+        start = starts[tp]
+        assert start is not None
         consumer.seek(tp, start)
-        todo[tp] = ends[tp]
     read = 0
     while todo:
         batch = await consumer.getmany(*todo, timeout_ms=500, max_records=2000)
@@ -301,11 +314,24 @@ async def _read_topic(
 async def collect(settings: Settings, window: Window) -> tuple[Collected, dict[str, int]]:
     """Read the window from every topic (see the module's docstring)."""
     collected = Collected()
-    consumer = AIOKafkaConsumer(enable_auto_commit=False, **settings.kafka.client_options())
+    consumer = AIOKafkaConsumer(
+        enable_auto_commit=False,
+        fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
+        **settings.kafka.client_options(),
+    )
     await consumer.start()
     counts: dict[str, int] = {}
     try:
-        await consumer._client.force_metadata_update()
+        # Every topic's partitions now, before the first assign(): from then
+        # on the client refreshes the metadata of its assigned topics only.
+        await consumer.topics()
+        partitions = {
+            name: [
+                TopicPartition(settings.topic(name), p)
+                for p in sorted(consumer.partitions_for_topic(settings.topic(name)) or ())
+            ]
+            for name in ("requests", "results", "quality", "feedback", "shadow")
+        }
         late = window.until_ms + window.late_ms
         plan: Sequence[tuple[str, int, Callable[[int, bytes | None], None]]] = (
             ("requests", window.until_ms, lambda ts, raw: collected.add_request(ts, raw)),
@@ -315,8 +341,9 @@ async def collect(settings: Settings, window: Window) -> tuple[Collected, dict[s
             ("shadow", late, lambda ts, raw: collected.add_shadow(raw)),
         )
         for name, until_ms, take in plan:
-            topic = settings.topic(name)
-            counts[topic] = await _read_topic(consumer, topic, window.since_ms, until_ms, take)
+            counts[settings.topic(name)] = await _read_topic(
+                consumer, partitions[name], window.since_ms, until_ms, take
+            )
     finally:
         await consumer.stop()
     return collected, counts

@@ -8,7 +8,8 @@ Per export row, the first signal that exists decides (``source``):
    by a shadow); good when the light answer agrees with the heavy one: the
    same text once case and spacing are folded, or a cosine similarity of
    their MiniLM embeddings of at least ``agree_at``. This labels heavy-path
-   rows too.
+   rows too. An empty heavy answer, or no embedder for two different
+   texts, gives no verdict here.
 3. ``success``: a light-path result; good when it succeeded. Errors that are
    not the path's doing (``INF-429`` shed or over quota, ``INF-400``) give no
    label, as the quality loop counts them.
@@ -48,14 +49,17 @@ def agreement_scores(
     pairs: Sequence[tuple[str, str]], embed: Callable[[list[str]], np.ndarray] | None
 ) -> np.ndarray:
     """Similarity of each ``(light, heavy)`` answer pair: 1 for the same
-    folded text, else the cosine of their embeddings (unit rows); NaN
-    (no verdict) without an embedder, and 0 when an answer is empty."""
+    folded text, else the cosine of their embeddings (unit rows). NaN (no
+    verdict) without an embedder or when the heavy answer is empty (the
+    reference failed); 0 when only the light answer is empty."""
     out = np.full(len(pairs), np.nan if embed is None else 0.0, dtype=np.float64)
     todo: list[int] = []
     for i, (light, heavy) in enumerate(pairs):
         if prompt_key(light) == prompt_key(heavy) and light.strip():
             out[i] = 1.0
-        elif not light.strip() or not heavy.strip():
+        elif not heavy.strip():
+            out[i] = np.nan
+        elif not light.strip():
             out[i] = 0.0
         else:
             todo.append(i)

@@ -262,9 +262,15 @@ def run_router_bench(settings: Settings, args: argparse.Namespace) -> int:
         )
     embedder = MiniLMEmbedder()
     labels = label_rows(rows, embed=embedder.embed, agree_at=args.agree_at)
-    assert len(labels) == len(rows)
-    good = np.array([label.good for label in labels], dtype=bool)
-    similarity = np.array([label.similarity or 0.0 for label in labels])
+    # A prompt the heavy model answered with nothing has no reference: left out.
+    agreed = [label for label in labels if label.source == "agreement"]
+    left_out = len(rows) - len(agreed)
+    keep = [label.row for label in agreed]
+    rows = [rows[i] for i in keep]
+    prompts = [prompts[i] for i in keep]
+    texts = [texts[i] for i in keep]
+    good = np.array([label.good for label in agreed], dtype=bool)
+    similarity = np.array([label.similarity or 0.0 for label in agreed])
     embeddings = embedder.embed(texts)
     features_list = [row.features for row in rows]
     names = feature_names(features_list)
@@ -278,7 +284,8 @@ def run_router_bench(settings: Settings, args: argparse.Namespace) -> int:
         f"laneway bench --router: {len(rows)} prompts ({int((kinds == 'easy').sum())} easy, "
         f"{int((kinds == 'hard').sum())} hard), answers of up to {args.router_max_tokens} "
         f"tokens, light {light_model} vs heavy {heavy_model}, agreement at cosine "
-        f">= {args.agree_at}, {args.folds}-fold cross-validation",
+        f">= {args.agree_at}, {args.folds}-fold cross-validation; {left_out} prompts left out "
+        "(empty heavy answer: no reference)",
         f"light answer good enough (agrees with heavy): {good.mean():.3f} of all, "
         f"{good[kinds == 'easy'].mean():.3f} of easy, {good[kinds == 'hard'].mean():.3f} of hard; "
         f"answer similarity median {np.median(similarity):.3f}",
@@ -346,7 +353,7 @@ def run_router_bench(settings: Settings, args: argparse.Namespace) -> int:
         "",
         f"at the rule's quality ({rule_point.quality:.3f}) the learned router makes "
         f"{full['heavy_share_at_rule_quality']:.3f} heavy calls against the rule's "
-        f"{rule_point.heavy_share:.3f}: {saved:+.0%} fewer",
+        f"{rule_point.heavy_share:.3f} ({saved:.0%} fewer)",
         f"gradient boosting on the same inputs, out-of-fold AUC: {boosted or 0:.3f} "
         f"(logistic regression: {full['auc'] or 0:.3f})",
         f"anchor: {ROUTELLM_ANCHOR}",

@@ -185,11 +185,13 @@ def test_labels_feedback_then_agreement_then_success() -> None:
         row("j", "q5", path="heavy"),  # no label
     ]
     rows.append(row("k", "q6", success=False, error_code="INF-429"))  # not the path's fault
+    rows.append(row("l", "q7", light_output="x", heavy_output=" "))  # the reference failed
     labels = label_rows(rows, embed=None)
     assert [(rows[x.row].id, x.good, x.source) for x in labels] == [
         ("f", False, "feedback"),
         ("g", True, "agreement"),
         ("i", True, "success"),
+        ("l", True, "success"),
     ]  # h: different texts and no embedder -> no verdict (and it is a heavy row)
 
     def embed(texts: list[str]) -> np.ndarray:
