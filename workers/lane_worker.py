@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
 from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
@@ -67,6 +69,12 @@ COALESCED = Counter(
 
 DEVICES = {"llamacpp": "cpu", "rules": "cpu", "vllm": "cuda", "openai": "remote"}
 """Where each backend kind runs, as announced on the worker board."""
+
+IN_FLIGHT = Gauge(
+    "laneway_lane_in_flight",
+    "Lane records a worker has taken and not yet committed (its batches in flight)",
+    ["lane"],
+)
 
 SHADOWS = Counter(
     "laneway_shadow_results_total",
@@ -153,6 +161,7 @@ class LaneWorker:
         self.relay = RetryRelay(self.settings, self.lane, self._producer)
         await self.relay.start()
         await self._warm_up()
+        IN_FLIGHT.labels(self.lane).set(0)  # listed from the start: 0, not unknown
         log.info("%s worker started on %s", self.lane, self.topic)
 
     async def _warm_up(self) -> None:
@@ -234,7 +243,11 @@ class LaneWorker:
                 await self._report_backlog()  # before a batch that may run for seconds
                 if records:
                     after = inflight[-1] if inflight else None
-                    inflight.append(asyncio.create_task(self.process(records, after=after)))
+                    task = asyncio.create_task(self.process(records, after=after))
+                    taken = IN_FLIGHT.labels(self.lane)
+                    taken.inc(len(records))
+                    task.add_done_callback(functools.partial(_done, taken, len(records)))
+                    inflight.append(task)
         except asyncio.CancelledError:  # past the drain time: abandon, uncommitted
             for task in inflight:
                 task.cancel()
@@ -549,6 +562,10 @@ def _path_card(path: Path, slot: BackendSlot) -> PathCard:
     return PathCard(
         path, backend.kind, backend.model, DEVICES.get(backend.kind, "cpu"), slot.version
     )
+
+
+def _done(gauge: Any, records: int, task: asyncio.Task[None]) -> None:
+    gauge.dec(records)
 
 
 class _ForgetOnRebalance(ConsumerRebalanceListener):
