@@ -58,4 +58,5 @@ async def test_top_once_shows_every_lane_and_path(
     lanes = {row["lane"]: row for row in view["lanes"]}
     assert set(lanes) == {lane.value for lane in Lane}
     assert all(row["workers"] >= 1 for row in lanes.values())
+    assert all(row["in_flight"] is not None for row in lanes.values())  # every worker says
     assert sum(row["path"] == "rules" and row["share"] > 0 for row in view["paths"]) == 1
