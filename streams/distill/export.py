@@ -70,7 +70,8 @@ class Window:
 @dataclass(slots=True)
 class Collected:
     """What the topics held for one window, deduplicated by id (a resent
-    record counts once: the first one read wins)."""
+    record counts once: the first one read wins, except that an answer wins
+    over an earlier error of the same id, as after a client's retry)."""
 
     requests: dict[str, tuple[int, InferenceRequest]] = field(default_factory=dict)
     results: dict[str, InferenceResult] = field(default_factory=dict)
@@ -95,7 +96,9 @@ class Collected:
         except ValidationError:
             self.unreadable["results"] += 1
             return
-        self.results.setdefault(result.id, result)
+        known = self.results.get(result.id)
+        if known is None or (known.status == "error" and result.status == "ok"):
+            self.results[result.id] = result  # a retry under the same id that succeeded wins
 
     def add_quality(self, raw: bytes | None) -> None:
         try:

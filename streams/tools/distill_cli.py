@@ -114,6 +114,8 @@ def _export(settings: Settings, args: argparse.Namespace) -> list[Any]:
 
 
 def run_distill(settings: Settings, args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaError
+
     from streams.distill.learned import ArtifactError
     from streams.distill.rows import RowsError
     from streams.distill.train import TrainError
@@ -122,6 +124,13 @@ def run_distill(settings: Settings, args: argparse.Namespace) -> int:
         return _COMMANDS[args.distill_command](settings, args)
     except (RowsError, TrainError, ArtifactError, ValueError, OSError) as exc:
         print(f"laneway distill {args.distill_command}: {exc}", file=sys.stderr)
+        return 2
+    except KafkaError as exc:
+        print(
+            f"laneway distill {args.distill_command}: Kafka at {settings.kafka.bootstrap}: "
+            f"{type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
         return 2
 
 

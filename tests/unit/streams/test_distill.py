@@ -86,6 +86,7 @@ def collected_window() -> tuple[Collected, Window]:
     c.add_request(T0 + 30, request("c", "Explain why the sky is blue."))
     c.add_request(T0 + 40, request("d", "Hello!"))
     c.add_request(T0 + 50, request("e", "Name a colour."))
+    c.add_request(T0 + 55, request("g", "Name a fruit."))
     c.add_request(T0 + 60_000, request("after", "Name a fruit."))  # at until: outside
     c.add_request(T0 + 50, b"not json")
     c.add_request(T0 + 15, request("a", "resent copy"))  # a resend: the first one counts
@@ -98,6 +99,9 @@ def collected_window() -> tuple[Collected, Window]:
         result("d", "rules", "Hi!"),
         result("e", "light", None),
         result("after", "light"),
+        result("g", "light", None),
+        result("g", "light", "Apple."),  # retried under the same id: the answer wins
+        result("g", "light", "a later duplicate"),
     ):
         c.add_result(raw)
     c.add_quality(quality("a", "light", 700.0))
@@ -114,8 +118,9 @@ def test_export_joins_by_id_within_the_window() -> None:
     collected, window = collected_window()
     rows, summary = join_rows(collected, window, settings=SETTINGS, registry=REGISTRY)
     by_id = {row.id: row for row in rows}
-    assert sorted(by_id) == ["a", "b", "c", "e"]  # d: rules; before/after: outside
-    assert summary.requests == 5 and summary.answered_elsewhere == 1 and summary.rows == 4
+    assert sorted(by_id) == ["a", "b", "c", "e", "g"]  # d: rules; before/after: outside
+    assert summary.requests == 6 and summary.answered_elsewhere == 1 and summary.rows == 5
+    assert by_id["g"].success and by_id["g"].output == "Apple."
     assert summary.unreadable == {"requests": 1}
     assert summary.orphan_results == 2  # before and after
     a = by_id["a"]
@@ -356,3 +361,28 @@ def test_finetune_set(tmp_path: FsPath) -> None:
     assert write_finetune(rows, path) == 1
     line = json.loads(path.read_text())
     assert line["messages"][1] == {"role": "assistant", "content": "H1"}
+
+
+def test_the_cli_trains_and_reports_on_an_export(
+    tmp_path: FsPath, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from streams.tools.cli import main
+
+    rows_file = tmp_path / "rows.jsonl"
+    write_rows(synthetic_rows(), rows_file)
+    artifact, out = tmp_path / "router.json", tmp_path / "report"
+    train = ["distill", "train", str(rows_file), "-o", str(artifact), "--holdout", "0.3"]
+    assert main([*train, "--no-embedding", "--finetune-out", str(tmp_path / "ft.jsonl")]) == 0
+    assert "learned router lr-" in capsys.readouterr().out
+    assert LearnedRouter.from_file(artifact).artifact.holdout == 0.3
+    report = ["distill", "report", "--artifact", str(artifact), str(rows_file), "--held-out"]
+    assert main([*report, "-o", str(out), "--no-embedding", "--min-labels", "5"]) == 0
+    assert "PROMOTE" in capsys.readouterr().out
+    held = json.loads((out / "report.json").read_text())
+    assert held["rows"] == sum(held_out(r.id, 0.3) for r in synthetic_rows())
+    # Errors are one line and exit 2.
+    assert main(["distill", "train", str(tmp_path / "none.jsonl"), "-o", str(artifact)]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = ["distill", "export", "--since", "yesterday", "-o", str(tmp_path / "x.jsonl")]
+    assert main(bad) == 2
+    assert "duration like 2h" in capsys.readouterr().err
