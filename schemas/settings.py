@@ -356,12 +356,16 @@ class ClassifierSettings(BaseSettings):
     """Most request records classified together: one Redis round trip, one
     embedding call and one gathered produce per batch."""
     batch_wait_ms: int = Field(default=10, ge=1, le=1_000)
-    """Longest the classifier waits for a batch to fill before it works on
-    what it has: the latency a lone request pays for batching. faust hands
-    the batch its records one event-loop turn each, and only while the agent
-    waits, so a longer wait makes larger batches under load (measured on
-    two cores: 5 ms gave batches of ~16 and ~1,200 rule answers/s, 10 ms ~48
-    and ~1,850/s, 50 ms ~190 and no more answers/s)."""
+    """Longest one poll of the request topic waits when nothing is fetched
+    yet. A batch is what the consumer holds when the classifier asks
+    (``streams.kafka.intake``): under load it grows by itself while the
+    batch before is classified, and a lone request is taken the moment it
+    is fetched, so this wait adds no latency to it."""
+    settle_s: float = Field(default=10.0, gt=0, le=300)
+    """On a rebalance or stop, longest the classifier waits for the batches
+    in flight to be acknowledged before it commits and lets the partitions
+    go. A batch still unacknowledged then commits nothing: the partitions'
+    next owner reads it again (at-least-once)."""
 
 
 class CacheSettings(BaseSettings):

@@ -1,35 +1,46 @@
-"""The faust application and its classifier agent.
+"""The faust application and the classifier's request loop.
 
-The agent is thin: it takes the request records in batches
-(``LANEWAY_CLASSIFIER_BATCH_MAX`` records, or what came within
-``LANEWAY_CLASSIFIER_BATCH_WAIT_MS``), turns them into ``SourceRecord`` s
-and hands them to ``streams.classify.batch.BatchClassifier``, which admits,
-looks up (one pipelined Redis round trip per batch, one embedding call) and
-routes them. Everything a wave of the batch produced is sent at once and
-every acknowledgement gathered (``deliver``) before the next wave; only once
-the whole batch is acknowledged are its events acked, so no offset is
-committed before its outputs are on the broker (at-least-once).
+The loop is thin: it takes the request records in batches
+(``streams.kafka.intake``: what the consumer holds, up to
+``LANEWAY_CLASSIFIER_BATCH_MAX`` records), turns them into
+``SourceRecord`` s and hands them to
+``streams.classify.batch.BatchClassifier``, which admits, looks up (one
+pipelined Redis round trip per batch, one embedding call) and routes them.
+Everything a wave of the batch produced is sent at once and every
+acknowledgement gathered (``deliver``) before the next wave; only once the
+whole batch is acknowledged is it marked done, and only done offsets are
+committed (at-least-once). A ``Pipeline`` produces batch N while N+1 is
+looked up, one batch in flight.
 
-``noack_take``, not ``take_events``: ``take_events`` acks a batch in a
-``finally`` of its generator, which also runs when the agent stops in the
-middle of the batch, so an offset could be committed whose outputs were
-never produced. Here nothing is acked but what this code acks.
-Concurrency stays 1 per agent: with more, faust can commit past a message
-still in flight (faust #606); scale by partitions instead. Timers keep the
-flow controller's load level, the route statistics, the rule file, the
-semantic cache index and the drift monitor current.
+Why the request topic is read by a plain aiokafka consumer and not a faust
+agent: profiled under ``laneway bench --classifier``, faust's consumer
+machinery (its consumer thread and the hand-over of each record to the
+event loop, one ``Event`` per record, stream buffering, per-event acks and
+monitor sensors) took about a third of the process's CPU, more than the
+whole classification. ``Intake.batches`` hands over each ``getmany`` as one
+batch, and the intake commits by hand what is done, waits on a rebalance
+for the batches in flight before it commits and gives the partitions up, and
+leaves the group on stop (see ``streams.kafka.intake``). It joins faust's
+old consumer group (the app id), so the offsets an older classifier
+committed are kept; faust's own Kafka consumer is not started
+(``new_app(..., consumer=False)``). faust still runs the process: the
+producer, the timers below (the flow controller's load level, the route
+statistics, the rule file, the semantic cache index and the drift monitor),
+the worker's signals and logging.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import faust
+from aiokafka import ConsumerRecord
 from prometheus_client import Histogram
 
 from schemas.messages import Lane, QualityEvent
@@ -43,7 +54,8 @@ from streams.classify.registry import load_registry
 from streams.classify.router import RouteBoard, SmartRouter
 from streams.kafka.batches import BatchSend
 from streams.kafka.envelopes import Outbound, deliver
-from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
+from streams.kafka.faust_transport import new_app, raw_sender
+from streams.kafka.intake import Intake, Taken
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
 from streams.rollout.board import RolloutBoard
 from streams.rules.rulefile import RuleSource
@@ -61,16 +73,15 @@ BATCH_SIZE = Histogram(
 )
 
 
-def source_record(event: Any) -> SourceRecord:
-    """A faust event as the classifier reads it."""
-    message = event.message
+def source_record(record: ConsumerRecord) -> SourceRecord:
+    """A consumed record as the classifier reads it."""
     return SourceRecord(
-        value=event.value,
-        key=event.key,
-        timestamp_ms=int(message.timestamp * 1000),
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
+        record.value,
+        record.key,
+        record.timestamp,
+        record.topic,
+        record.partition,
+        record.offset,
     )
 
 
@@ -118,31 +129,57 @@ def build_app(
         drift=drift,
         rollout=lambda: rollout.current,
     )
-    app = new_app(settings, settings.app_id)
-    requests = raw_topic(app, settings.topic("requests"))
-
+    app = new_app(settings, settings.app_id, consumer=False)
     send = raw_sender(app)
     produce = batch_sender(app)
     take = settings.classifier
+    warm = {"assigned": False, "loaded": False}
 
-    @app.agent(requests, concurrency=1)
-    async def classify(stream: faust.StreamT) -> None:
-        within = take.batch_wait_ms / 1000
-        taking = cast(faust.Stream, stream).noack_take(take.batch_max, within=within)
+    def _ready() -> None:
+        """Ready once partitions are assigned and the embedder is loaded."""
+        state.ready = warm["assigned"] and warm["loaded"]
+
+    def _assigned(assigned: set[Any]) -> None:
+        warm["assigned"] = True
+        state.detail = f"classifying {len(assigned)} partitions"
+        _ready()
+
+    intake = Intake(
+        settings,
+        settings.topic("requests"),
+        settings.app_id,
+        max_records=take.batch_max,
+        wait_s=take.batch_wait_ms / 1000,
+        settle_s=take.settle_s,
+        on_assigned=_assigned,
+    )
+
+    @app.task
+    async def classify() -> None:
+        await intake.start()
         pipeline = Pipeline()  # batch N is produced and acked while N+1 is looked up
-        async for events in taking:
-            BATCH_SIZE.observe(len(events))
-            records = [source_record(event) for event in events]
-            waves = batches.classify_waves(records, before=pipeline.clear_of)
-            done = 0
-            async for wave in waves:
-                outcomes = [classified for _, classified in wave]
-                await pipeline.wait()  # one batch in flight at most, and its errors surface
-                pipeline.chain(partial(settle, outcomes), wave_keys(records, wave))
-                done += len(wave)
-                if done < len(records):  # another wave: it reads what this one wrote
-                    await pipeline.wait()
-            pipeline.chain(partial(ack, stream, events))
+        try:
+            async for taken in intake.batches():
+                BATCH_SIZE.observe(len(taken.records))
+                records = [source_record(record) for record in taken.records]
+                waves = batches.classify_waves(records, before=pipeline.clear_of)
+                done = 0
+                async for wave in waves:
+                    outcomes = [classified for _, classified in wave]
+                    await pipeline.wait()  # one batch in flight at most, and its errors surface
+                    pipeline.chain(partial(settle, outcomes), wave_keys(records, wave))
+                    done += len(wave)
+                    if done < len(records):  # another wave: it reads what this one wrote
+                        await pipeline.wait()
+                pipeline.chain(partial(acked, taken))
+        except BaseException:
+            intake.abandon()  # nothing still open is committed; the process stops
+            raise
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def _drain(sender: Any, **kwargs: Any) -> None:
+        """Stop taking, let the batches in flight finish, commit, leave the group."""
+        await intake.stop()
 
     async def settle(outcomes: list[Classified]) -> None:
         """Produce a wave's records and wait for every ack; then its
@@ -151,10 +188,9 @@ def build_app(
         await lookups.remember(outcomes)
         _observe(outcomes)
 
-    async def ack(stream: faust.StreamT, events: Sequence[Any]) -> None:
+    async def acked(taken: Taken) -> None:
         """Every output of the batch is acknowledged: its offsets may move."""
-        for event in events:
-            await stream.ack(event)
+        intake.done(taken)
 
     @app.timer(settings.flow.interval_s)
     async def watch_load() -> None:
@@ -238,18 +274,6 @@ def build_app(
     async def _heartbeat() -> None:
         state.beat()  # /healthz fails when the loop stops running this
 
-    warm = {"assigned": False, "loaded": False}
-
-    def _ready() -> None:
-        """Ready once partitions are assigned and the embedder is loaded."""
-        state.ready = warm["assigned"] and warm["loaded"]
-
-    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
-    async def _assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
-        warm["assigned"] = True
-        state.detail = f"classifying {len(assigned)} partitions"
-        _ready()
-
     @app.task
     async def _warm() -> None:
         """Load the embedder and the route statistics before the first
@@ -258,10 +282,32 @@ def build_app(
         await rollout.refresh()
         if lookups.semantic:
             await lookups.cache.sync()
+        _settle_the_heap()
         warm["loaded"] = True
         _ready()
 
     return app
+
+
+def _settle_the_heap() -> None:
+    """Keep the garbage collector off what was loaded at start, and off the
+    request path.
+
+    torch, transformers and the embedder leave ~500,000 objects that live as
+    long as the process, and every full collection walked all of them:
+    measured under ``laneway bench --classifier`` (60,000 requests), 23 full
+    collections of ~0.4 s each, about a third of the process's CPU.
+    ``gc.freeze()`` moves them out of the collector's generations (they are
+    never freed anyway). A request's objects are freed by reference counting
+    as soon as its batch is delivered; at the default young threshold (700
+    net allocations) the collector still ran ~60 times a second over the
+    batches in flight. At 50,000 it runs only when that many objects are left
+    in reference cycles, a few MB: the same bench then used 250 instead of
+    ~370 us of CPU per rule answer.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 10, 10)
 
 
 def _choice(decision: Decision) -> str:

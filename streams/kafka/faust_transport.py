@@ -68,11 +68,13 @@ def _broker_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-def new_app(settings: Settings, app_id: str) -> LanewayApp:
+def new_app(settings: Settings, app_id: str, *, consumer: bool = True) -> LanewayApp:
     """A faust app as laneway runs them: acks=all, topics created up front by
     the registry, tables in memory and rebuilt from their changelogs, no
-    faust web server (``streams.ops`` serves /metrics and the probes)."""
-    return LanewayApp(
+    faust web server (``streams.ops`` serves /metrics and the probes).
+    ``consumer=False``: faust's Kafka consumer is never started (an app that
+    reads its topics itself, ``streams.kafka.intake``: no agents, no tables)."""
+    app = LanewayApp(
         app_id,
         fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
         store="memory://",
@@ -91,6 +93,9 @@ def new_app(settings: Settings, app_id: str) -> LanewayApp:
         broker_rebalance_timeout=10.0,
         **_broker_options(settings),
     )
+    if not consumer:
+        app.boot_strategy = app.BootStrategy(app, enable_kafka_consumer=False)
+    return app
 
 
 def raw_topic(app: faust.App, name: str) -> Any:

@@ -49,7 +49,14 @@ from streams.kafka.topics import create_topics, wait_for_broker
 from streams.tools.embedded import EmbeddedBroker, EmbeddedRedis, free_port
 from streams.tools.supervisor import is_ready
 
-__all__ = ["PhaseRow", "format_rows", "main", "phase_requests", "run_classifier_bench"]
+__all__ = [
+    "Classifier",
+    "PhaseRow",
+    "format_rows",
+    "main",
+    "phase_requests",
+    "run_classifier_bench",
+]
 
 RULE_PROMPTS = ["Hello!", "thanks", "ping", "help"]
 EXACT_PROMPTS = [
@@ -160,10 +167,14 @@ def batches_taken(port: int) -> float | None:
 class Classifier:
     """One classifier process on topics and Redis keys of its own."""
 
-    def __init__(self, settings: Settings, label: str, source: FsPath | None) -> None:
+    def __init__(
+        self, settings: Settings, label: str, source: FsPath | None, tag: str | None = None
+    ) -> None:
+        """``tag``: topic prefix, Redis prefix and app id (consumer group); one
+        of its own unless given (replicas of one classifier share it)."""
         self.label = label
         self.source = source
-        self.tag = f"bench-{uuid.uuid4().hex[:8]}"
+        self.tag = tag or f"bench-{uuid.uuid4().hex[:8]}"
         self.port = free_port()
         kafka = settings.kafka.model_copy(update={"topic_prefix": self.tag})
         redis = settings.redis.model_copy(update={"key_prefix": self.tag})
@@ -171,7 +182,7 @@ class Classifier:
             update={"kafka": kafka, "redis": redis, "app_id": self.tag}
         )
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = FsPath(os.environ.get("TMPDIR", "/tmp")) / f"{self.tag}.log"
+        self.log_path = FsPath(os.environ.get("TMPDIR", "/tmp")) / f"{self.tag}-{label}.log"
 
     def start(self, timeout_s: float = 180.0) -> None:
         env = {

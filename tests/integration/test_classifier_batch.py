@@ -17,6 +17,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path as FsPath
 from typing import Any
 from unittest import mock
 
@@ -186,6 +187,73 @@ async def test_a_request_a_rule_owns_is_never_embedded(
     assert embedder.texts == ["name a big animal living in the sea"]  # once for the batch
     kinds = [f.found.hit.kind if f.found.hit else f.found.rule.rule for f in found]  # type: ignore[union-attr]
     assert kinds == ["greeting", "exact", "semantic", "semantic"]
+
+
+async def test_model_bound_requests_are_embedded_once_for_the_learned_router(
+    redis_url: str,
+    redis_client: aioredis.Redis,
+    prefix: str,
+    minilm: MiniLMEmbedder,
+    tmp_path: FsPath,
+) -> None:
+    from streams.distill.learned import BASE_FEATURES, RouterArtifact, save_artifact
+
+    names = list(BASE_FEATURES)
+    zeros = [0.0] * len(names)
+    artifact = tmp_path / "router.json"
+    save_artifact(
+        RouterArtifact(
+            version="lr-test",
+            created="2026-12-03T00:00:00Z",
+            features=names,
+            mean=zeros,
+            scale=[1.0] * len(names),
+            embedding_model="all-MiniLM-L6-v2",
+            embedding_dim=minilm.dim,
+            heads={
+                "features": {
+                    "inputs": "features",
+                    "coef": zeros,
+                    "intercept": 0.0,
+                    "threshold": 0.5,
+                },
+                "full": {
+                    "inputs": "features+embedding",
+                    "coef": zeros + [0.0] * minilm.dim,
+                    "intercept": 0.0,
+                    "threshold": 0.5,
+                },
+            },
+            heavy_share=0.3,
+        ),
+        artifact,
+    )
+    base = _settings(redis_url, prefix)
+    settings = base.model_copy(
+        update={"routing": base.routing.model_copy(update={"learned_router": artifact})}
+    )
+    embedder = CountingEmbedder(minilm)
+    batch = BatchLookups(settings, redis_client, RuleSource(None), embedder=embedder)
+    cached = InferenceRequest(id="c", prompt="What is the capital of Peru?")
+    await batch.cache.store(cached, _answer(cached, "Lima."))
+    embedder.texts.clear()
+    bodies = [
+        {"id": "r", "prompt": "hello"},  # a rule answers: never embedded
+        {"id": "e", "prompt": "What is the capital of Peru?"},  # an exact hit
+        {"id": "m", "prompt": "Who discovered oxygen?"},
+        {"id": "m2", "prompt": "Who discovered oxygen?"},
+    ]
+    found = await batch.find_many(_admitted(settings, *bodies))
+    embeddings = {b["id"]: f.found.embedding for b, f in zip(bodies, found, strict=True)}  # type: ignore[union-attr]
+    assert embeddings["r"] is None and embeddings["e"] is None
+    assert embedder.texts.count("Who discovered oxygen?") == 1  # once for the router
+    assert np.allclose(embeddings["m"], minilm.embed(["Who discovered oxygen?"])[0], atol=1e-5)
+    # Without an artifact the router asks for nothing.
+    plain = BatchLookups(base, redis_client, RuleSource(None), embedder=embedder)
+    embedder.texts.clear()
+    again = await plain.find_many(_admitted(base, *bodies[2:]))
+    assert all(f.found.embedding is None for f in again)  # type: ignore[union-attr]
+    assert "Who discovered oxygen?" not in embedder.texts
 
 
 # -- through Kafka -------------------------------------------------------------------

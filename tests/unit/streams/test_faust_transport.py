@@ -3,6 +3,7 @@ from aiokafka import AIOKafkaConsumer
 from schemas.settings import KafkaSettings, Settings
 from streams.classify.app import build_app
 from streams.ops import ProcessState
+from streams.quality.loop import build_quality_app
 
 
 async def test_aiokafka_still_reads_the_fetch_wait_attribute_we_set() -> None:
@@ -12,11 +13,23 @@ async def test_aiokafka_still_reads_the_fetch_wait_attribute_we_set() -> None:
     assert consumer._fetch_max_wait_ms == 7
 
 
-def test_classifier_app_uses_the_tuned_transport() -> None:
+def test_faust_apps_use_the_tuned_transport() -> None:
+    settings = Settings(kafka=KafkaSettings(bootstrap="127.0.0.1:1", fetch_max_wait_ms=9))
+    app = build_quality_app(settings, ProcessState())
+    assert type(app.transport).Consumer.__name__ == "TunedConsumer"
+    assert app.boot_strategy._should_enable_kafka_consumer()
+    assert app.conf.topic_allow_declare is False
+    assert [str(url) for url in app.conf.broker] == ["kafka://127.0.0.1:1"]
+
+
+def test_the_classifier_reads_its_topic_itself() -> None:
+    # streams.kafka.intake reads the request topic: faust's consumer must not
+    # also join the group (it would take partitions and never process them).
     settings = Settings(kafka=KafkaSettings(bootstrap="127.0.0.1:1", fetch_max_wait_ms=9))
     app = build_app(settings, ProcessState())
-    assert type(app.transport).Consumer.__name__ == "TunedConsumer"
-    assert app.conf.topic_allow_declare is False
+    assert not app.boot_strategy._should_enable_kafka_consumer()
+    assert not list(app.boot_strategy.kafka_consumer())
+    assert not app.agents
     assert [str(url) for url in app.conf.broker] == ["kafka://127.0.0.1:1"]
 
 
