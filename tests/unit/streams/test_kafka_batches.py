@@ -5,8 +5,18 @@ from __future__ import annotations
 import random
 
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 
-from streams.kafka.batches import partition_of
+from streams.kafka.batches import murmur2, partition_of
+
+
+def test_murmur2_is_aiokafkas() -> None:
+    rng = random.Random(3)
+    for length in [*range(0, 17), 36, 64, 255]:
+        for _ in range(50):
+            data = rng.randbytes(length)
+            assert murmur2(data) == aiokafka_murmur2(data), data
+    assert murmur2(b"21") == aiokafka_murmur2(b"21")
 
 
 def test_partition_of_agrees_with_the_default_partitioner() -> None:
