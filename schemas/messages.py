@@ -255,6 +255,10 @@ class RoutedRequest(WireModel):
     shadow: bool = False
     """A copy for a shadow version: its answer goes to ``<p>.shadow`` only,
     never to the client, the results topic, the cache or the session."""
+    router_version: str | None = None
+    """The router version that chose ``path`` (``rule``: the feature rule;
+    else a learned router artifact's ``version``), assigned stably by
+    session, tenant or id (``streams.rollout.routers``); ``None``: not named."""
 
     def remaining_ms(self, now_ms: int) -> float | None:
         return None if self.deadline_at_ms is None else self.deadline_at_ms - now_ms
@@ -308,6 +312,8 @@ class InferenceResult(WireModel):
     """The router chose the path to measure it, not for its score."""
     version: str | None = None
     """The registry version of ``path`` that answered (or failed)."""
+    router_version: str | None = None
+    """The router version that chose the path (copied from the routed request)."""
 
     @classmethod
     def failure(
@@ -369,6 +375,9 @@ class QualityEvent(WireModel):
     """The registry version of ``path`` the event is about."""
     reason: str | None = None
     """Why, on ``rollback`` events."""
+    router_version: str | None = None
+    """The router version that chose the path of the request the event is
+    about; on a router's ``rollback`` event, the router version drained."""
 
     @classmethod
     def of(
@@ -394,6 +403,7 @@ class QualityEvent(WireModel):
             ts_ms=ts_ms,
             cache_key=cache_key,
             version=result.version,
+            router_version=result.router_version,
         )
 
 

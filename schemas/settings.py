@@ -318,6 +318,12 @@ class RoutingSettings(BaseSettings):
     difference of the two paths (~0.3-0.5 on the embedded models) moves the
     calibrated threshold by about that much in logit units. 0 turns the
     learned router off (routing as without an artifact)."""
+    learned_router_dir: FsPath | None = None
+    """A directory of learned router artifacts (``*.json``, each with its own
+    ``version``): the router versions ``laneway models canary|shadow|promote
+    router VERSION`` can roll out, beside ``rule`` (no learned router). Every
+    classifier re-lists it on its roll-out timer. ``learned_router`` (if set)
+    is the active one until the roll-out state says otherwise."""
     learned_max_complexity: Literal["simple", "moderate", "complex"] = "complex"
     """The learned router judges requests up to this complexity class (every
     model serving the lane competes for them); above it the registry's
@@ -345,6 +351,9 @@ class RolloutSettings(BaseSettings):
     feedback_margin: float = Field(default=0.2, ge=0, le=1)
     """Rolled back when its feedback quality (0..1) is below the active
     version's by more."""
+    router_heavy_margin: float = Field(default=0.25, ge=0, le=1)
+    """A canary router is also rolled back when the share of its requests
+    that went heavy is above the active router's by more (cost)."""
 
 
 class ClassifierSettings(BaseSettings):

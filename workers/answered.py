@@ -99,4 +99,5 @@ def answer_from_cache(
         model=model,
         timings=Timings(queue_ms=waited, total_ms=waited, batch_size=batch_size),
         batch_id=routed.request.batch_id,
+        router_version=routed.router_version,
     )

@@ -444,7 +444,7 @@ class Executor:
                 timings=timings,
                 batch_id=request.batch_id,
                 explored=routed.explored,
-            ).model_copy(update={"version": version})
+            ).model_copy(update={"version": version, "router_version": routed.router_version})
         else:
             result = InferenceResult(
                 id=request.id,
@@ -462,6 +462,7 @@ class Executor:
                 batch_id=request.batch_id,
                 explored=routed.explored,
                 version=version,
+                router_version=routed.router_version,
             )
         return Finished(routed, result, failed)
 

@@ -58,6 +58,7 @@ from streams.kafka.faust_transport import new_app, raw_sender
 from streams.kafka.intake import Intake, Taken
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
 from streams.rollout.board import RolloutBoard
+from streams.rollout.routers import RouterCatalog, ShadowTally, tally_key
 from streams.rules.rulefile import RuleSource
 from streams.stores.backlog import BacklogBoard, LatencyBoard
 from streams.stores.workerboard import WorkerBoard
@@ -108,7 +109,11 @@ def build_app(
     router = SmartRouter(registry, settings.routing)
     routes = RouteBoard(redis, settings.redis.key_prefix)
     workers = WorkerBoard(redis, settings.redis.key_prefix, stale_s=3 * settings.worker_heartbeat_s)
-    rollout = RolloutBoard(redis, settings.redis.key_prefix, registry, workers)
+    routers = RouterCatalog(settings.routing)
+    rollout = RolloutBoard(
+        redis, settings.redis.key_prefix, registry, workers, routers if routers.enabled else None
+    )
+    tally = ShadowTally()
     live: dict[str, Any] = {"serving": None, "full": None}
     """What the timers last read: the worker board, and whether realtime is full."""
     backlog_board = BacklogBoard(redis, settings.redis.key_prefix)
@@ -128,6 +133,7 @@ def build_app(
         full=lambda: live["full"],
         drift=drift,
         rollout=lambda: rollout.current,
+        tally=tally,
     )
     app = new_app(settings, settings.app_id, consumer=False)
     send = raw_sender(app)
@@ -234,6 +240,7 @@ def build_app(
         """The live model versions (``laneway models``) and who serves them;
         the router scores each path by its active version's registry entry."""
         router.registry = (await rollout.refresh()).registry
+        await tally.flush(redis, tally_key(settings.redis.key_prefix))
 
     @app.timer(settings.rules.reload_interval_s)
     async def reload_rules() -> None:

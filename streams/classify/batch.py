@@ -61,6 +61,7 @@ from streams.classify.policy import Found
 from streams.classify.router import PathStats, SmartRouter
 from streams.kafka.envelopes import dlq_for
 from streams.rollout.assign import RolloutView
+from streams.rollout.routers import ShadowTally
 from streams.rules.engine import RuleAnswer, RuleMatch
 from streams.rules.rulefile import RuleSource
 from streams.stores.ratelimit import RateLimiter, Verdict
@@ -189,7 +190,10 @@ class BatchLookups:
         self.limiter = RateLimiter(redis, settings.ratelimit, prefix)
         self.sessions = SessionStore(redis, settings.session, key_prefix=prefix)
         self.semantic = settings.cache_in_use and settings.cache.semantic
-        learned = settings.routing.learned_router is not None and not settings.routing.force_path
+        learned = (
+            settings.routing.learned_router is not None
+            or settings.routing.learned_router_dir is not None
+        ) and not settings.routing.force_path
         if embedder is None and (self.semantic or learned):
             embedder = MiniLMEmbedder()
         self.router_embedder = embedder if learned else None
@@ -491,10 +495,12 @@ class BatchClassifier:
         drift: DriftMonitor | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         rollout: Callable[[], RolloutView | None] = lambda: None,
+        tally: ShadowTally | None = None,
     ) -> None:
         """``serving``: per lane, the paths live workers serve (the worker
-        board); ``None`` while it is not known. ``rollout``: the model
-        versions as last read (``streams.rollout``)."""
+        board); ``None`` while it is not known. ``rollout``: the model (and
+        router) versions as last read (``streams.rollout``); ``tally``: where
+        shadow router versions' decisions are counted."""
         self.settings = settings
         self.lookups = lookups
         self.router = router
@@ -505,6 +511,7 @@ class BatchClassifier:
         self._drift = drift
         self._clock_ms = clock_ms
         self._rollout = rollout
+        self.tally = tally
 
     async def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
         """Each record's outcome, in order; runs the waves one after another.
@@ -603,6 +610,10 @@ class BatchClassifier:
             rollout=self._rollout(),
         )
         decision = classified.decision
+        if self.tally is not None and decision is not None:
+            taken = decision.requested_path or decision.path
+            for version, path in classified.router_shadows:
+                self.tally.note(version, taken, path)
         if self._drift is not None and decision is not None and decision.features is not None:
             features = decision.features
             # ``as_dict`` is ``dataclasses.asdict``, a deep copy: ~100 us a

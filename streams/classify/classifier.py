@@ -16,7 +16,11 @@ produce. Outcomes:
                           controller's load level allows (or INF-429 shed),
                           to the path's version the roll-out assigns
                           (``streams.rollout``), plus a copy for each shadow
-                          version sampled (lowest-priority lane; none under load)
+                          version sampled (lowest-priority lane; none under load),
+                          decided by the router version the roll-out assigns
+                          (``streams.rollout.routers``); each shadow router
+                          version sampled decides too, and only its path is
+                          kept (``Classified.router_shadows``), never acted on
 
 An accepted request whose tenant is over its rate limit is turned into an
 INF-429 result by ``refuse_over_limit``. ``classify_record`` chains the
@@ -47,6 +51,7 @@ from streams.classify.registry import builtin_registry
 from streams.classify.router import PathStats, SmartRouter
 from streams.kafka.envelopes import Outbound, dlq_for, terminal_records
 from streams.rollout.assign import RolloutView
+from streams.rollout.routers import RouterView
 from streams.rules.engine import RuleBook
 from streams.stores.workerboard import Serving
 
@@ -59,6 +64,7 @@ __all__ = [
     "refuse_over_limit",
     "route",
     "shadow_copies",
+    "shadow_router_paths",
 ]
 
 
@@ -95,6 +101,9 @@ class Classified:
     request: InferenceRequest | None = None
     reply_to: str | None = None
     decision: Decision | None = field(default=None)
+    router_shadows: tuple[tuple[str, Path], ...] = ()
+    """Per shadow router version sampled, the path it would have chosen
+    (compare with ``decision.path``, the one taken)."""
 
 
 def admit(record: SourceRecord, *, now_ms: int, settings: Settings) -> Admitted | Classified:
@@ -145,7 +154,13 @@ def route(
     ``rollout``: the model versions (``None``: no version is named)."""
     request, reply_to = admitted.request, admitted.reply_to
     age_ms = admitted.age_ms(now_ms)
-    decision = decide(request, found, settings.routing, router, stats or {}, serving)
+    routers = rollout.routers if rollout is not None else None
+    router_version = None
+    chooser = router
+    if routers is not None and settings.routing.force_path is None:
+        router_version = routers.version_for(request)
+        chooser = router.with_learned(routers.learned(router_version))
+    decision = decide(request, found, settings.routing, chooser, stats or {}, serving)
     answer = _answer(decision, admitted, age_ms)
     if answer is not None:
         hit_key = decision.hit.key if decision.hit is not None else None
@@ -179,6 +194,7 @@ def route(
         history=list(history),
         explored=adjusted.explored,
         version=(rollout.version_for(request, adjusted.path, adjusted.lane) if rollout else None),
+        router_version=router_version,
     )
     out = [
         Outbound(
@@ -187,9 +203,33 @@ def route(
             routed.model_dump_json().encode(),
         )
     ]
+    judged: tuple[tuple[str, Path], ...] = ()
     if rollout is not None and level == 0:  # shadows never add to a loaded stack
         out += shadow_copies(routed, rollout, settings)
-    return Classified("routed", out, None, request, reply_to, adjusted)
+        if routers is not None and router_version is not None:
+            judged = shadow_router_paths(
+                request, found, routers, router, settings, stats or {}, serving
+            )
+    return Classified("routed", out, None, request, reply_to, adjusted, judged)
+
+
+def shadow_router_paths(
+    request: InferenceRequest,
+    found: Found,
+    routers: RouterView,
+    router: SmartRouter,
+    settings: Settings,
+    stats: Mapping[Path, PathStats],
+    serving: Serving | None,
+) -> tuple[tuple[str, Path], ...]:
+    """The path each shadow router version sampled for ``request`` would
+    choose, on the same inputs as the decision taken and without exploring;
+    nothing here changes what the request does."""
+    out = []
+    for version in routers.shadows_for(request):
+        twin = router.with_learned(routers.learned(version), explore=False)
+        out.append((version, decide(request, found, settings.routing, twin, stats, serving).path))
+    return tuple(out)
 
 
 def shadow_copies(

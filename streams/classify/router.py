@@ -23,6 +23,7 @@ score, positive when light is predicted not good enough (see
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import random
@@ -142,6 +143,20 @@ class SmartRouter:
             learned = LearnedRouter.from_file(routing.learned_router)
             log.info("learned router %s loaded from %s", learned.version, learned.source)
         self.learned = learned
+        self._quiet: tuple[RoutingSettings, RoutingSettings] | None = None
+
+    def with_learned(self, learned: LearnedRouter | None, *, explore: bool = True) -> SmartRouter:
+        """This router (same registry, settings and random source) with
+        ``learned`` as its learned router (``None``: the rule alone), for the
+        router version a request is assigned (``streams.rollout.routers``).
+        ``explore=False``: never explores (a shadow router's decision)."""
+        twin = copy.copy(self)
+        twin.learned = learned
+        if not explore:
+            if self._quiet is None or self._quiet[0] is not self.routing:
+                self._quiet = (self.routing, self.routing.model_copy(update={"exploration": 0.0}))
+            twin.routing = self._quiet[1]
+        return twin
 
     def choose(
         self,

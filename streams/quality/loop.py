@@ -34,6 +34,14 @@ the events of the partitions it owns.
   (``streams.rollout.rollback.decide``, on the events since its share was
   set): a canary worse by a margin is drained to 0% in the roll-out state,
   and a ``rollback`` quality event and ``laneway_rollbacks_total`` say why.
+- router versions (``streams.rollout.routers``): an event that names its
+  ``router_version`` is also folded into ``router~<version>@<partition>``,
+  with whether the heavy path gave it. Each publish merges them per router
+  version into ``<prefix>:route:routers`` (with each one's heavy share) and
+  judges every canary router with traffic against the active router
+  (``streams.rollout.rollback.decide_router``: success, latency, feedback,
+  and the heavy share, i.e. cost); a worse one is drained to 0% the same way,
+  its ``rollback`` event naming the ``router_version``.
 
 The agents are thin; the maths is ``streams.classify.router.PathStats``
 and ``merge`` here.
@@ -64,7 +72,8 @@ from streams.kafka.envelopes import Outbound, deliver, dlq_for
 from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
 from streams.rollout.board import RolloutBoard
-from streams.rollout.rollback import decide
+from streams.rollout.rollback import RouterRecord, decide, decide_router
+from streams.rollout.routers import ROUTER_KIND, ROUTER_NAME, RouterCatalog
 from streams.stores.backlog import LatencyBoard
 
 __all__ = [
@@ -76,8 +85,10 @@ __all__ = [
     "fold",
     "merge",
     "merge_all",
+    "merge_routers",
     "merge_versions",
     "router_app_id",
+    "router_field",
     "version_field",
 ]
 
@@ -103,8 +114,16 @@ VERSION_SEP = "~"
 """Between path and version in a version record's field: ``heavy~2@3``."""
 
 
+ROUTER_FIELD = "router"
+"""Before the separator in a router version's record: ``router~lr-1@3``."""
+
+
 def version_field(path: Path, version: str, partition: int | str) -> str:
     return f"{path.value}{VERSION_SEP}{version}@{partition}"
+
+
+def router_field(router_version: str, partition: int | str) -> str:
+    return f"{ROUTER_FIELD}{VERSION_SEP}{router_version}@{partition}"
 
 
 def router_app_id(settings: Settings) -> str:
@@ -172,12 +191,16 @@ class PartStats:
     feedbacks: int = 0
     ts_ms: list[int] = field(default_factory=list)
     samples: list[tuple[int, float]] = field(default_factory=list)
+    heavy: list[int] = field(default_factory=list)
+    """1 where the heavy path gave the outcome (aligned with ``ts_ms``)."""
 
     def fold(self, event: QualityEvent, settings: Settings) -> None:
         self.stats = fold(self.stats, event, settings)
         if counts_outcome(event):
             self.ts_ms.append(event.ts_ms)
             self.ts_ms = self.ts_ms[-len(self.stats.outcomes) :]
+            self.heavy.append(1 if event.path == Path.HEAVY else 0)
+            self.heavy = self.heavy[-len(self.stats.outcomes) :]
             if event.success:
                 self.samples.append((event.ts_ms, event.latency_ms))
                 del self.samples[: -settings.routing.success_window]
@@ -186,7 +209,9 @@ class PartStats:
 
     def since(self, ts_ms: int) -> PartStats:
         """This record with only the outcomes (and latencies) from ``ts_ms`` on."""
+        heavy = self._heavy()
         kept = [(t, o) for t, o in zip(self.ts_ms, self.stats.outcomes, strict=True) if t >= ts_ms]
+        kept_heavy = [h for t, h in zip(self.ts_ms, heavy, strict=True) if t >= ts_ms]
         stats = PathStats(
             latency_ms=self.stats.latency_ms,
             outcomes=[o for _, o in kept],
@@ -195,7 +220,13 @@ class PartStats:
             updated_ms=self.stats.updated_ms,
         )
         samples = [s for s in self.samples if s[0] >= ts_ms]
-        return PartStats(stats, self.feedbacks, [t for t, _ in kept], samples)
+        return PartStats(stats, self.feedbacks, [t for t, _ in kept], samples, kept_heavy)
+
+    def _heavy(self) -> list[int]:
+        """``heavy`` aligned with ``ts_ms`` (a record written before it was kept: zeros)."""
+        if len(self.heavy) == len(self.ts_ms):
+            return self.heavy
+        return [0] * len(self.ts_ms)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -204,6 +235,7 @@ class PartStats:
                 "feedbacks": self.feedbacks,
                 "ts": self.ts_ms,
                 "samples": self.samples,
+                "heavy": self.heavy,
             }
         )
 
@@ -215,7 +247,8 @@ class PartStats:
         if len(ts) != len(stats.outcomes):  # written before times were kept
             ts = [stats.updated_ms] * len(stats.outcomes)
         samples = [(int(t), float(v)) for t, v in data.get("samples", [])]
-        return cls(stats, int(data.get("feedbacks", 0)), ts, samples)
+        heavy = [int(h) for h in data.get("heavy", [])]
+        return cls(stats, int(data.get("feedbacks", 0)), ts, samples, heavy)
 
 
 def merge(parts: list[PartStats], window: int, alpha: float) -> PathStats:
@@ -281,14 +314,42 @@ def merge_versions(
     }
 
 
+def merge_routers(
+    fields: dict[str, PartStats],
+    window: int,
+    alpha: float,
+    since: Callable[[str], int] = lambda version: 0,
+) -> dict[str, RouterRecord]:
+    """Every router version's merged record from ``router~<version>@<partition>``
+    fields, each over its outcomes from ``since(version)`` on, with the share
+    of those outcomes the heavy path gave."""
+    by_version: dict[str, list[PartStats]] = {}
+    for name, part in fields.items():
+        head, _, partition = name.rpartition("@")
+        kind, sep, version = head.partition(VERSION_SEP)
+        if partition and sep and kind == ROUTER_FIELD and version:
+            by_version.setdefault(version, []).append(part.since(since(version)))
+    out = {}
+    for version, parts in by_version.items():
+        timed = sorted((t, h) for p in parts for t, h in zip(p.ts_ms, p._heavy(), strict=True))[
+            -window:
+        ]
+        heavy_share = sum(h for _, h in timed) / len(timed) if timed else 0.0
+        out[version] = RouterRecord(merge(parts, window, alpha), heavy_share)
+    return out
+
+
 def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
     redis = settings.redis.client()
     board = RouteBoard(redis, settings.redis.key_prefix)
     latency_board = LatencyBoard(redis, settings.redis.key_prefix)
     lanes = LaneLatency()
     registry = load_registry(settings.routing.models_file, settings.backend)
-    rollout = RolloutBoard(redis, settings.redis.key_prefix, registry)
+    rollout = RolloutBoard(
+        redis, settings.redis.key_prefix, registry, routers=RouterCatalog(settings.routing)
+    )
     versions_key = f"{settings.redis.key_prefix}:route:versions"
+    routers_key = f"{settings.redis.key_prefix}:route:routers"
     cache = ResponseCache(
         redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=None
     )
@@ -328,7 +389,12 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 if quality_event.lane is not None:
                     lanes.add(quality_event.lane, quality_event.latency_ms)
                 if path is not None:
-                    answer = Answered(path, quality_event.cache_key, quality_event.version)
+                    answer = Answered(
+                        path,
+                        quality_event.cache_key,
+                        quality_event.version,
+                        quality_event.router_version,
+                    )
                     await _remember(redis, answered_key + quality_event.id, answer)
             if path is None or quality_event.kind in ("drift", "rollback"):
                 continue
@@ -337,6 +403,8 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
             keys = [f"{path.value}@{partition}"]
             if quality_event.version is not None:
                 keys.append(version_field(path, quality_event.version, partition))
+            if quality_event.router_version is not None:
+                keys.append(router_field(quality_event.router_version, partition))
             for key in keys:
                 current = table.get(key)
                 if current:
@@ -371,6 +439,7 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 id=verdict.request_id,
                 path=path,
                 version=answered.version,
+                router_version=answered.router_version,
                 success=verdict.score >= 0,
                 latency_ms=0.0,
                 feedback=verdict.score,
@@ -423,6 +492,7 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
             REDIS_ERRORS.labels("route").inc()
             log.warning("route statistics not published: %s", exc)
         await judge_versions(fields)
+        await judge_routers(fields)
 
     async def judge_versions(fields: dict[str, PartStats]) -> None:
         """Publish each version's record; drain a canary worse than its
@@ -476,6 +546,53 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
             )
             await deliver([out], send, settings)
 
+    async def judge_routers(fields: dict[str, PartStats]) -> None:
+        """Publish each router version's record; drain a canary router worse
+        than the active one (``judge_versions`` has just refreshed the view)."""
+        window, alpha = settings.routing.success_window, settings.routing.ewma_alpha
+        records = merge_routers(fields, window, alpha, rollout.router_since_ms)
+        if records:
+            try:
+                await redis.hset(routers_key, mapping={v: r.to_json() for v, r in records.items()})
+                await redis.expire(routers_key, 7 * 86_400)
+            except (RedisError, OSError) as exc:
+                REDIS_ERRORS.labels("route").inc()
+                log.warning("router version statistics not published: %s", exc)
+        view = rollout.current.routers
+        if not settings.rollout.auto_rollback or view is None:
+            return
+        active = next((v for v in view.versions if v.state == "active"), None)
+        for entry in view.versions:
+            if entry.state != "canary" or not entry.traffic_share or active is None:
+                continue
+            reason = decide_router(
+                records.get(entry.version), records.get(active.version), settings.rollout
+            )
+            if reason is None:
+                continue
+            now_ms = int(time.time() * 1000)
+            if not await rollout.store.drain(
+                ROUTER_NAME, entry.version, reason, now_ms=now_ms, kind=ROUTER_KIND
+            ):
+                continue
+            signal = reason.split(" ", 1)[0]
+            ROLLBACKS.labels(ROUTER_FIELD, entry.version, signal).inc()
+            log.warning("canary router %s rolled back to 0%%: %s", entry.version, reason)
+            record = records.get(entry.version)
+            notice = QualityEvent(
+                kind="rollback",
+                id=f"rollback-router-{entry.version}-{now_ms}",
+                router_version=entry.version,
+                success=False,
+                latency_ms=record.stats.latency_ms if record else 0.0,
+                ts_ms=now_ms,
+                reason=reason,
+            )
+            out = Outbound(
+                settings.topic("quality"), notice.id.encode(), notice.model_dump_json().encode()
+            )
+            await deliver([out], send, settings)
+
     @app.timer(1.0)
     async def _heartbeat() -> None:
         state.beat()  # /healthz fails when the loop stops running this
@@ -500,10 +617,16 @@ class Answered:
     path: Path
     cache_key: str | None = None
     version: str | None = None
+    router_version: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(
-            {"path": self.path.value, "cache_key": self.cache_key, "version": self.version}
+            {
+                "path": self.path.value,
+                "cache_key": self.cache_key,
+                "version": self.version,
+                "router_version": self.router_version,
+            }
         )
 
     @classmethod
@@ -516,10 +639,12 @@ class Answered:
             data = json.loads(text)
             key = data.get("cache_key")
             version = data.get("version")
+            router_version = data.get("router_version")
             return cls(
                 Path(data["path"]),
                 key if isinstance(key, str) else None,
                 version if isinstance(version, str) else None,
+                router_version if isinstance(router_version, str) else None,
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None

@@ -22,9 +22,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from schemas.messages import InferenceRequest, Lane, Path
 from streams.classify.registry import ModelEntry, ModelRegistry
+
+if TYPE_CHECKING:
+    from streams.rollout.routers import RouterView
 
 __all__ = [
     "SHADOW_LANES",
@@ -102,6 +106,9 @@ class RolloutView:
     """The registry file with the live states laid over it."""
     served: Mapping[Lane, frozenset[tuple[Path, str]]] | None = None
     """Per lane, the (path, version) pairs live workers serve (``None``: not known)."""
+    routers: RouterView | None = None
+    """The router versions (``None``: no router version is named; the
+    SmartRouter's own learned router, if any, decides)."""
 
     def version_for(self, request: InferenceRequest, path: Path, lane: Lane) -> str | None:
         """The version of ``path`` that answers ``request`` on ``lane``."""

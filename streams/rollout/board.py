@@ -15,7 +15,8 @@ from typing import Any
 from schemas.messages import Path
 from streams.classify.registry import ModelRegistry
 from streams.rollout.assign import RolloutView
-from streams.rollout.state import Overrides, RolloutStore, apply
+from streams.rollout.routers import ROUTER_KIND, ROUTER_NAME, RouterCatalog, describe
+from streams.rollout.state import Overrides, RolloutStore, VersionRollout, apply
 from streams.stores.workerboard import WorkerBoard, served_versions
 
 __all__ = ["RolloutBoard"]
@@ -30,11 +31,15 @@ class RolloutBoard:
         key_prefix: str,
         registry: ModelRegistry,
         workers: WorkerBoard | None = None,
+        routers: RouterCatalog | None = None,
     ) -> None:
+        """``routers``: the router versions to roll out too (``None``: none)."""
         self.store = RolloutStore(redis, key_prefix)
         self.file = registry
         self.workers = workers
+        self.routers = routers
         self.overrides: Overrides = {}
+        self.router_overrides: dict[str, VersionRollout] = {}
         self.current = RolloutView(registry)
         self.read_at = 0.0
 
@@ -49,8 +54,28 @@ class RolloutBoard:
         if self.workers is not None:
             cards = await self.workers.live()
             served = None if cards is None else served_versions(cards)
-        self.current = RolloutView(apply(self.file, self.overrides), served)
+        router_view = None
+        if self.routers is not None:
+            await self._refresh_routers()
+            router_view = self.routers.view(self.router_overrides)
+        self.current = RolloutView(apply(self.file, self.overrides), served, router_view)
         return self.current
+
+    async def _refresh_routers(self) -> None:
+        assert self.routers is not None
+        self.routers.scan()  # new artifacts are listed (and loaded) here
+        fields = await self.store.read_kind(ROUTER_KIND)
+        if fields is None:
+            return  # Redis cannot say: the last state read stays in force
+        overrides = {v: live for (name, v), live in fields.items() if name == ROUTER_NAME}
+        if overrides != self.router_overrides:
+            view = self.routers.view(overrides)
+            log.info("router roll-out state: %s", describe(view.versions))
+        self.router_overrides = overrides
+
+    def router_since_ms(self, version: str) -> int:
+        live = self.router_overrides.get(version)
+        return live.at_ms if live is not None else 0
 
     def since_ms(self, path: Path, version: str) -> int:
         live = self.overrides.get((path, version))

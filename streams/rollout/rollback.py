@@ -15,14 +15,40 @@ set, any of these holds:
 
 ``decide`` says why in words, which become the ``rollback`` quality
 event's ``reason`` and the log line.
+
+A canary *router* version (``streams.rollout.routers``) is judged the same
+way on the records of the requests it routed (``decide_router``), with one
+more signal, cost: it is also drained when the share of its requests that
+went heavy is above the active router's by more than ``router_heavy_margin``.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 from schemas.settings import RolloutSettings
 from streams.classify.router import PathStats
 
-__all__ = ["decide"]
+__all__ = ["RouterRecord", "decide", "decide_router"]
+
+
+@dataclass(frozen=True, slots=True)
+class RouterRecord:
+    """What the requests one router version routed did."""
+
+    stats: PathStats
+    heavy_share: float
+    """Share of its outcomes that the heavy path gave."""
+
+    def to_json(self) -> str:
+        data = json.loads(self.stats.to_json())
+        data["heavy_share"] = self.heavy_share
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> RouterRecord:
+        return cls(PathStats.from_json(raw), float(json.loads(raw).get("heavy_share", 0.0)))
 
 
 def decide(
@@ -54,5 +80,24 @@ def decide(
         return (
             f"feedback quality {canary.quality:.2f} over {n} events, "
             f"active {base_quality:.2f} (margin {rules.feedback_margin:.2f})"
+        )
+    return None
+
+
+def decide_router(
+    canary: RouterRecord | None, active: RouterRecord | None, rules: RolloutSettings
+) -> str | None:
+    """Why the canary router version must be rolled back, or ``None``."""
+    if canary is None:
+        return None
+    reason = decide(canary.stats, active.stats if active is not None else None, rules)
+    if reason is not None or len(canary.stats.outcomes) < rules.min_events:
+        return reason
+    if active is None or not active.stats.outcomes:
+        return None
+    if canary.heavy_share > active.heavy_share + rules.router_heavy_margin:
+        return (
+            f"heavy share {canary.heavy_share:.0%} over {len(canary.stats.outcomes)} events, "
+            f"active {active.heavy_share:.0%} (margin +{rules.router_heavy_margin:.0%})"
         )
     return None

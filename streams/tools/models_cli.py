@@ -6,6 +6,12 @@
     laneway models promote PATH VERSION             the active version; the old one retires
     laneway models rollback PATH                    every canary of the path back to 0%
     laneway models report [--json]                  shadow answers against the active ones
+    laneway models report --routers [--json]        shadow routers' decisions against those taken
+
+Router versions (``streams.rollout.routers``) take ``router`` as PATH:
+``laneway models canary router lr-2 --share 0.1``, ``shadow router lr-2``,
+``promote router lr-2`` (or ``promote router rule``), ``rollback router``;
+``list`` shows them after the models.
 
 Changes go to the roll-out state in Redis (``streams.rollout.state``),
 computed from the registry file (``LANEWAY_ROUTING_MODELS_FILE``) with the
@@ -22,6 +28,7 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path as FsPath
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -32,8 +39,10 @@ from schemas.messages import InferenceResult
 from schemas.settings import Settings
 from streams.classify.registry import ModelEntry, ModelRegistry, RegistryError, load_registry
 from streams.classify.router import PathStats
+from streams.rollout import routers as router_rollout
 from streams.rollout import state
 from streams.rollout.report import aggregate, format_reports, pair
+from streams.rollout.rollback import RouterRecord
 from streams.stores.workerboard import WorkerBoard
 
 __all__ = ["add_models_parser", "run_models"]
@@ -59,11 +68,14 @@ def add_models_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         if name == "shadow":
             action.add_argument("--share", type=float, default=None, help="0..1 (default: all)")
     back = actions.add_parser("rollback", help="every canary of PATH back to share 0")
-    back.add_argument("path")
+    back.add_argument("path", help="a model path, or 'router' for the router versions")
     report = actions.add_parser("report", help="shadow answers against the active answers")
     report.add_argument("--json", action="store_true")
     report.add_argument("--timeout-s", type=float, default=10.0, help="longest read of the topics")
     report.add_argument("--no-embed", action="store_true", help="exact match only, no MiniLM")
+    report.add_argument(
+        "--routers", action="store_true", help="shadow router versions' decisions instead"
+    )
 
 
 def run_models(settings: Settings, args: argparse.Namespace) -> int:
@@ -83,17 +95,30 @@ def run_models(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _run(settings: Settings, args: argparse.Namespace, registry: ModelRegistry) -> int:
-    if args.models_command == "report":
+    if args.models_command == "report" and not args.routers:
         return await _report(settings, args)
     redis = settings.redis.client()
     try:
+        if args.models_command == "report":
+            return await _report_routers(settings, redis, as_json=args.json)
         store = state.RolloutStore(redis, settings.redis.key_prefix)
         overrides = await store.read()
-        if overrides is None:
+        router_overrides = await store.read_kind(router_rollout.ROUTER_KIND)
+        if overrides is None or router_overrides is None:
             raise RedisError(f"cannot read {store.key}")
-        live = state.apply(registry, overrides)
+        catalog = router_rollout.RouterCatalog(settings.routing)
+        catalog.scan()
+        router_live = {
+            v: r for (name, v), r in router_overrides.items() if name == router_rollout.ROUTER_NAME
+        }
+        routers = catalog.view(router_live)
         if args.models_command == "list":
-            return await _list(settings, redis, live, overrides, as_json=args.json)
+            live = state.apply(registry, overrides)
+            rows = await _router_rows(settings, redis, routers, router_live)
+            return await _list(settings, redis, live, overrides, rows, as_json=args.json)
+        if args.path == router_rollout.ROUTER_SUBJECT:
+            return await _change_router(store, routers, args, enabled=catalog.enabled)
+        live = state.apply(registry, overrides)
         now_ms = int(time.time() * 1000)
         command = args.models_command
         if command == "promote":
@@ -113,11 +138,45 @@ async def _run(settings: Settings, args: argparse.Namespace, registry: ModelRegi
         await redis.aclose()
 
 
+async def _change_router(
+    store: state.RolloutStore,
+    routers: router_rollout.RouterView,
+    args: argparse.Namespace,
+    *,
+    enabled: bool,
+) -> int:
+    now_ms = int(time.time() * 1000)
+    versions = routers.versions
+    command = args.models_command
+    if not enabled and command != "rollback":
+        raise state.RolloutError(
+            "no learned router versions: set LANEWAY_ROUTING_LEARNED_ROUTER_DIR "
+            f"(a directory of artifacts); the known ones are {[v.version for v in versions]}"
+        )
+    if command == "promote":
+        changes = router_rollout.promote_router(versions, args.version, now_ms=now_ms)
+    elif command == "canary":
+        changes = router_rollout.canary_router(versions, args.version, args.share, now_ms=now_ms)
+    elif command == "shadow":
+        changes = router_rollout.shadow_router(versions, args.version, args.share, now_ms=now_ms)
+    else:
+        changes = router_rollout.rollback_router(versions, now_ms=now_ms)
+    await store.write(
+        {(router_rollout.ROUTER_NAME, v): r for v, r in changes.items()},
+        kind=router_rollout.ROUTER_KIND,
+    )
+    for version, change in sorted(changes.items()):
+        share = "" if change.share is None else f" share {change.share:g}"
+        print(f"router {version}: {change.state}{share}")
+    return 0
+
+
 async def _list(
     settings: Settings,
     redis: Any,
     live: ModelRegistry,
     overrides: state.Overrides,
+    router_rows: list[dict[str, Any]],
     *,
     as_json: bool,
 ) -> int:
@@ -156,6 +215,7 @@ async def _list(
                 "reason": change.reason if change else None,
             }
         )
+    rows += router_rows
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -171,6 +231,91 @@ async def _list(
             f"{row['path']:6} {row['version']:12} {row['model']:28} {row['state']:8} "
             f"{row['share']:6.0%} {len(row['workers']):7} {row['events']:6} {success:>7} "
             f"{latency:>8}  {note}"
+            + (f"  heavy {row['heavy_share']:.0%}" if row.get("heavy_share") is not None else "")
+        )
+    return 0
+
+
+async def _router_rows(
+    settings: Settings,
+    redis: Any,
+    routers: router_rollout.RouterView,
+    overrides: dict[str, state.VersionRollout],
+) -> list[dict[str, Any]]:
+    """One row per router version, as the models' rows (path ``router``)."""
+    raw = await redis.hgetall(f"{settings.redis.key_prefix}:route:routers")
+    records: dict[str, RouterRecord] = {}
+    for name, value in raw.items():
+        try:
+            records[name.decode() if isinstance(name, bytes) else name] = RouterRecord.from_json(
+                value
+            )
+        except (ValueError, TypeError, KeyError):
+            continue
+    canaries = sum(v.traffic_share for v in routers.versions if v.state == "canary")
+    rows: list[dict[str, Any]] = []
+    for entry in routers.versions:
+        record = records.get(entry.version)
+        stats = record.stats if record else None
+        share = max(0.0, 1 - canaries) if entry.state == "active" else entry.traffic_share
+        if entry.state == "retired":
+            share = 0.0
+        change = overrides.get(entry.version)
+        source = entry.source or ("feature rule" if entry.version == "rule" else "no artifact")
+        rows.append(
+            {
+                "path": router_rollout.ROUTER_SUBJECT,
+                "version": entry.version,
+                "model": FsPath(source).name if entry.source else source,
+                "state": entry.state,
+                "share": share,
+                "workers": [],
+                "events": len(stats.outcomes) if stats else 0,
+                "success_rate": stats.success_rate if stats else None,
+                "latency_ms": stats.latency_ms if stats and stats.outcomes else None,
+                "quality": stats.quality if stats else None,
+                "heavy_share": record.heavy_share if record else None,
+                "loaded": entry.version == router_rollout.RULE_VERSION
+                or routers.learned(entry.version) is not None,
+                "set_by": change.by if change else "default",
+                "reason": change.reason if change else None,
+            }
+        )
+    return rows
+
+
+async def _report_routers(settings: Settings, redis: Any, *, as_json: bool) -> int:
+    """Per shadow router version: how often its decision agreed with the
+    one taken, and the heavy share of each."""
+    counts = await router_rollout.read_tally(
+        redis, router_rollout.tally_key(settings.redis.key_prefix)
+    )
+    rows: list[dict[str, Any]] = []
+    for version, c in sorted(counts.items()):
+        n = c.get("n", 0)
+        rows.append(
+            {
+                "router_version": version,
+                "decisions": n,
+                "agreement": c.get("agree", 0) / n if n else None,
+                "shadow_heavy_share": c.get("heavy", 0) / n if n else None,
+                "taken_heavy_share": c.get("live_heavy", 0) / n if n else None,
+            }
+        )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no shadow router decisions recorded")
+        return 0
+    print(f"{'router':24} {'decisions':>9} {'agree':>6} {'heavy':>6} {'taken':>6} {'diff':>6}")
+    for row in rows:
+        if not row["decisions"]:
+            continue
+        diff = row["shadow_heavy_share"] - row["taken_heavy_share"]
+        print(
+            f"{row['router_version']:24} {row['decisions']:9} {row['agreement']:6.0%} "
+            f"{row['shadow_heavy_share']:6.0%} {row['taken_heavy_share']:6.0%} {diff:+6.0%}"
         )
     return 0
 

@@ -1,0 +1,162 @@
+"""Router versions on a classifier-only setup: the batch classifier against
+real Redis and the real all-MiniLM-L6-v2, its roll-out board re-reading the
+state ``laneway models ... router ...`` writes, no broker and no workers
+(nothing here needs a model to answer).
+
+- A canary router at 50% (a learned router artifact that sends every
+  request heavy, against the rule that sends these capital questions light)
+  decides for about half of the distinct sessions, and every turn of a
+  session stays with the version it got.
+- A shadow router's decisions never change the path taken, and ``laneway
+  models report --routers`` shows how often it agreed and its heavy share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path as FsPath
+
+import pytest
+import redis.asyncio as aioredis
+
+from schemas.messages import Path, RoutedRequest
+from schemas.settings import RedisSettings, RoutingSettings, Settings
+from streams.cache.embedding import MiniLMEmbedder
+from streams.classify.batch import BatchClassifier, BatchLookups
+from streams.classify.classifier import SourceRecord
+from streams.classify.registry import load_registry
+from streams.classify.router import SmartRouter
+from streams.distill.learned import BASE_FEATURES, RouterArtifact, save_artifact
+from streams.rollout.board import RolloutBoard
+from streams.rollout.routers import RULE_VERSION, RouterCatalog, ShadowTally, tally_key
+from streams.rules.rulefile import RuleSource
+from streams.tools.cli import _parser
+from streams.tools.models_cli import run_models
+
+
+def heavy_artifact(version: str, dim: int) -> RouterArtifact:
+    """A learned router that predicts light is never good enough (``p`` ~
+    0.0003 on both heads, threshold 0.5): every request it judges goes heavy."""
+    names = list(BASE_FEATURES)
+    zeros = [0.0] * len(names)
+    return RouterArtifact(
+        version=version,
+        created="2026-12-03T00:00:00Z",
+        features=names,
+        mean=zeros,
+        scale=[1.0] * len(names),
+        embedding_model="all-MiniLM-L6-v2",
+        embedding_dim=dim,
+        heads={
+            "features": {"inputs": "features", "coef": zeros, "intercept": -8.0, "threshold": 0.5},
+            "full": {
+                "inputs": "features+embedding",
+                "coef": zeros + [0.0] * dim,
+                "intercept": -8.0,
+                "threshold": 0.5,
+            },
+        },
+        heavy_share=1.0,
+    )
+
+
+@pytest.fixture
+def settings(redis_url: str, prefix: str, tmp_path: FsPath, minilm: MiniLMEmbedder) -> Settings:
+    routers = tmp_path / "routers"
+    save_artifact(heavy_artifact("lr-heavy", minilm.dim), routers / "heavy.json")
+    return Settings(
+        redis=RedisSettings(url=redis_url, key_prefix=prefix, timeout_s=2),
+        routing=RoutingSettings(exploration=0.0, learned_router_dir=routers),
+    )
+
+
+async def cli(settings: Settings, *args: str) -> int:
+    parsed: argparse.Namespace = _parser().parse_args(["models", *args])
+    return await asyncio.to_thread(run_models, settings, parsed)
+
+
+def records(requests: list[tuple[str, str]], start: int = 0) -> list[SourceRecord]:
+    """One request record per ``(id, session)``, distinct capital questions."""
+    out = []
+    for n, (request_id, session) in enumerate(requests):
+        body = {
+            "id": request_id,
+            "session_id": session,
+            "prompt": f"What is the capital of country number {start + n}?",
+        }
+        out.append(
+            SourceRecord(json.dumps(body).encode(), session.encode(), 0, "requests", 0, start + n)
+        )
+    return out
+
+
+def routed_of(classified: list) -> list[RoutedRequest]:  # type: ignore[type-arg]
+    out = []
+    for c in classified:
+        assert c.outcome == "routed", c
+        out.append(RoutedRequest.model_validate_json(c.records[0].value))
+    return out
+
+
+async def test_a_canary_router_decides_for_about_half_and_a_shadow_router_changes_nothing(
+    settings: Settings,
+    redis_client: aioredis.Redis,
+    minilm: MiniLMEmbedder,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    registry = load_registry(settings.routing.models_file, settings.backend)
+    router = SmartRouter(registry, settings.routing)
+    lookups = BatchLookups(settings, redis_client, RuleSource(None), embedder=minilm)
+    catalog = RouterCatalog(settings.routing)
+    board = RolloutBoard(redis_client, settings.redis.key_prefix, registry, routers=catalog)
+    tally = ShadowTally()
+    classifier = BatchClassifier(
+        settings,
+        lookups,
+        router,
+        rollout=lambda: board.current,
+        tally=tally,
+        clock_ms=lambda: 1,
+    )
+
+    # Unknown router versions are refused with the known ones.
+    assert await cli(settings, "canary", "router", "lr-nope", "--share", "0.5") == 2
+    assert "['rule', 'lr-heavy']" in capsys.readouterr().err
+
+    assert await cli(settings, "canary", "router", "lr-heavy", "--share", "0.5") == 0
+    await board.refresh()
+    sessions = [f"s{i}" for i in range(40)]
+    first = routed_of(await classifier.classify(records([(f"a{s}", s) for s in sessions])))
+    by_session = {r.request.session_id: r for r in first}
+    canaried = {s for s, r in by_session.items() if r.router_version == "lr-heavy"}
+    assert 10 <= len(canaried) <= 30  # about half of 40 sessions (p < 0.002 outside)
+    for r in first:  # each version decided as it does: the artifact heavy, the rule light
+        assert r.path == (Path.HEAVY if r.router_version == "lr-heavy" else Path.LIGHT)
+        assert r.router_version in ("lr-heavy", RULE_VERSION)
+    # A second turn of every session stays with the version its session got.
+    again = routed_of(await classifier.classify(records([(f"b{s}", s) for s in sessions], 40)))
+    assert {r.request.session_id for r in again if r.router_version == "lr-heavy"} == canaried
+
+    capsys.readouterr()
+    assert await cli(settings, "list", "--json") == 0
+    rows = {r["version"]: r for r in json.loads(capsys.readouterr().out) if r["path"] == "router"}
+    assert rows["lr-heavy"]["state"] == "canary" and rows["lr-heavy"]["share"] == 0.5
+    assert rows[RULE_VERSION]["state"] == "active" and rows["lr-heavy"]["loaded"]
+
+    # The canary goes; the same artifact is shadowed: it decides, nothing follows it.
+    assert await cli(settings, "rollback", "router") == 0
+    assert await cli(settings, "shadow", "router", "lr-heavy") == 0
+    await board.refresh()
+    shadowed = routed_of(await classifier.classify(records([(f"c{s}", s) for s in sessions], 80)))
+    assert all(r.router_version == RULE_VERSION for r in shadowed)
+    assert all(r.path == Path.LIGHT for r in shadowed)  # the rule's path, every one
+    await tally.flush(redis_client, tally_key(settings.redis.key_prefix))
+
+    capsys.readouterr()
+    assert await cli(settings, "report", "--routers", "--json") == 0
+    (report,) = json.loads(capsys.readouterr().out)
+    assert report["router_version"] == "lr-heavy" and report["decisions"] == 40
+    assert report["agreement"] == 0.0  # it would have sent every one heavy
+    assert report["shadow_heavy_share"] == 1.0 and report["taken_heavy_share"] == 0.0
