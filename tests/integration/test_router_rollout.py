@@ -144,6 +144,9 @@ async def test_a_canary_router_decides_for_about_half_and_a_shadow_router_change
     rows = {r["version"]: r for r in json.loads(capsys.readouterr().out) if r["path"] == "router"}
     assert rows["lr-heavy"]["state"] == "canary" and rows["lr-heavy"]["share"] == 0.5
     assert rows[RULE_VERSION]["state"] == "active" and rows["lr-heavy"]["loaded"]
+    assert await cli(settings, "list") == 0
+    table = capsys.readouterr().out
+    assert any(line.split()[:2] == ["router", "lr-heavy"] for line in table.splitlines())
 
     # The canary goes; the same artifact is shadowed: it decides, nothing follows it.
     assert await cli(settings, "rollback", "router") == 0
@@ -160,3 +163,5 @@ async def test_a_canary_router_decides_for_about_half_and_a_shadow_router_change
     assert report["router_version"] == "lr-heavy" and report["decisions"] == 40
     assert report["agreement"] == 0.0  # it would have sent every one heavy
     assert report["shadow_heavy_share"] == 1.0 and report["taken_heavy_share"] == 0.0
+    assert await cli(settings, "report", "--routers") == 0
+    assert "lr-heavy" in capsys.readouterr().out
