@@ -72,7 +72,7 @@ from streams.kafka.envelopes import Outbound, deliver, dlq_for
 from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
 from streams.rollout.board import RolloutBoard
-from streams.rollout.rollback import RouterRecord, decide, decide_router
+from streams.rollout.rollback import RouterRecord, decide, routers_to_drain
 from streams.rollout.routers import ROUTER_KIND, ROUTER_NAME, RouterCatalog
 from streams.stores.backlog import LatencyBoard
 
@@ -561,28 +561,20 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
         view = rollout.current.routers
         if not settings.rollout.auto_rollback or view is None:
             return
-        active = next((v for v in view.versions if v.state == "active"), None)
-        for entry in view.versions:
-            if entry.state != "canary" or not entry.traffic_share or active is None:
-                continue
-            reason = decide_router(
-                records.get(entry.version), records.get(active.version), settings.rollout
-            )
-            if reason is None:
-                continue
+        for version, reason in routers_to_drain(view.versions, records, settings.rollout):
             now_ms = int(time.time() * 1000)
             if not await rollout.store.drain(
-                ROUTER_NAME, entry.version, reason, now_ms=now_ms, kind=ROUTER_KIND
+                ROUTER_NAME, version, reason, now_ms=now_ms, kind=ROUTER_KIND
             ):
                 continue
             signal = reason.split(" ", 1)[0]
-            ROLLBACKS.labels(ROUTER_FIELD, entry.version, signal).inc()
-            log.warning("canary router %s rolled back to 0%%: %s", entry.version, reason)
-            record = records.get(entry.version)
+            ROLLBACKS.labels(ROUTER_FIELD, version, signal).inc()
+            log.warning("canary router %s rolled back to 0%%: %s", version, reason)
+            record = records.get(version)
             notice = QualityEvent(
                 kind="rollback",
-                id=f"rollback-router-{entry.version}-{now_ms}",
-                router_version=entry.version,
+                id=f"rollback-router-{version}-{now_ms}",
+                router_version=version,
                 success=False,
                 latency_ms=record.stats.latency_ms if record else 0.0,
                 ts_ms=now_ms,

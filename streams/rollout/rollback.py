@@ -25,12 +25,17 @@ went heavy is above the active router's by more than ``router_heavy_margin``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from schemas.settings import RolloutSettings
 from streams.classify.router import PathStats
 
-__all__ = ["RouterRecord", "decide", "decide_router"]
+if TYPE_CHECKING:
+    from streams.rollout.routers import RouterVersion
+
+__all__ = ["RouterRecord", "decide", "decide_router", "routers_to_drain"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +106,23 @@ def decide_router(
             f"active {active.heavy_share:.0%} (margin +{rules.router_heavy_margin:.0%})"
         )
     return None
+
+
+def routers_to_drain(
+    versions: Sequence[RouterVersion],
+    records: Mapping[str, RouterRecord],
+    rules: RolloutSettings,
+) -> list[tuple[str, str]]:
+    """``(version, reason)`` for every canary router with traffic that is
+    worse than the active router version (``decide_router``)."""
+    active = next((v for v in versions if v.state == "active"), None)
+    if active is None:
+        return []
+    out = []
+    for entry in versions:
+        if entry.state != "canary" or not entry.traffic_share:
+            continue
+        reason = decide_router(records.get(entry.version), records.get(active.version), rules)
+        if reason is not None:
+            out.append((entry.version, reason))
+    return out

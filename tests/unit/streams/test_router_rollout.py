@@ -355,3 +355,31 @@ def test_a_canary_router_that_sends_too_much_heavy_is_rolled_back_and_a_fair_one
     why = decide_router(failing, active, RULES)
     assert why is not None and why.startswith("success rate 50%")
     assert decide_router(None, active, RULES) is None
+
+
+def test_the_quality_loop_drains_only_the_canary_routers_worse_than_the_active_one() -> None:
+    from streams.rollout.rollback import routers_to_drain
+
+    got = records(
+        *(event("rule", Path.LIGHT, True, t) for t in range(30)),
+        *(event("lr-costly", Path.HEAVY, True, 100 + t) for t in range(30)),
+        *(event("lr-fair", Path.LIGHT, True, 200 + t) for t in range(30)),
+        *(event("lr-off", Path.HEAVY, True, 300 + t) for t in range(30)),
+        *(event("lr-shadow", Path.HEAVY, True, 400 + t) for t in range(30)),
+    )
+    live = versions(
+        **{
+            "lr-costly": ("canary", 0.1),
+            "lr-fair": ("canary", 0.1),
+            "lr-off": ("canary", 0.0),  # already drained: no traffic, not judged again
+            "lr-shadow": ("shadow", None),  # a shadow routes nothing
+        }
+    )
+    drained = routers_to_drain(live, got, RULES)
+    assert [v for v, _ in drained] == ["lr-costly"]
+    assert drained[0][1].startswith("heavy share 100%")
+    # With the costly one active, the rule canaried against it is not drained for cost.
+    swapped = apply_router(
+        live, {"lr-costly": VersionRollout("active"), RULE_VERSION: VersionRollout("canary", 0.1)}
+    )
+    assert [v for v, _ in routers_to_drain(swapped, got, RULES)] == []
