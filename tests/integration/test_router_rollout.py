@@ -9,6 +9,9 @@ state ``laneway models ... router ...`` writes, no broker and no workers
   session stays with the version it got.
 - A shadow router's decisions never change the path taken, and ``laneway
   models report --routers`` shows how often it agreed and its heavy share.
+- Inside a running classifier (broker, Redis, classifier and quality loop,
+  no workers): the same canary share on the lane records, and an artifact
+  copied into the router directory while it runs is loaded and shadowed.
 """
 
 from __future__ import annotations
@@ -16,12 +19,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path as FsPath
+from typing import Any
+from unittest import mock
 
 import pytest
 import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
 
-from schemas.messages import Path, RoutedRequest
+from schemas.messages import Lane, Path, RoutedRequest
 from schemas.settings import RedisSettings, RoutingSettings, Settings
 from streams.cache.embedding import MiniLMEmbedder
 from streams.classify.batch import BatchClassifier, BatchLookups
@@ -30,10 +39,20 @@ from streams.classify.registry import load_registry
 from streams.classify.router import SmartRouter
 from streams.distill.learned import BASE_FEATURES, RouterArtifact, save_artifact
 from streams.rollout.board import RolloutBoard
-from streams.rollout.routers import RULE_VERSION, RouterCatalog, ShadowTally, tally_key
+from streams.rollout.routers import (
+    RULE_VERSION,
+    RouterCatalog,
+    RouterVersion,
+    ShadowTally,
+    pick_router,
+    tally_key,
+)
 from streams.rules.rulefile import RuleSource
 from streams.tools.cli import _parser
 from streams.tools.models_cli import run_models
+from streams.tools.supervisor import Stack
+
+from .conftest import read_topic, supervised
 
 
 def heavy_artifact(version: str, dim: int) -> RouterArtifact:
@@ -165,3 +184,128 @@ async def test_a_canary_router_decides_for_about_half_and_a_shadow_router_change
     assert report["shadow_heavy_share"] == 1.0 and report["taken_heavy_share"] == 0.0
     assert await cli(settings, "report", "--routers") == 0
     assert "lr-heavy" in capsys.readouterr().out
+
+
+# -- inside a running classifier ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def router_stack(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, minilm: MiniLMEmbedder
+) -> Iterator[Settings]:
+    """Broker, Redis, a classifier and the quality loop; no lane workers. The
+    router directory holds one artifact when the classifier starts."""
+    prefix = f"routers-{uuid.uuid4().hex[:8]}"
+    routers = tmp_path_factory.mktemp("routers")
+    save_artifact(heavy_artifact("lr-heavy", minilm.dim), routers / "heavy.json")
+    env = {
+        "LANEWAY_APP_ID": prefix,
+        "LANEWAY_REDIS_KEY_PREFIX": prefix,
+        "LANEWAY_REDIS_URL": redis_url,
+        "LANEWAY_ROUTING_EXPLORATION": "0",
+        "LANEWAY_ROUTING_LEARNED_ROUTER_DIR": str(routers),
+        "LANEWAY_ROLLOUT_REFRESH_S": "0.5",
+    }
+    with mock.patch.dict(os.environ, env):
+        settings = Settings()
+    log_dir = tmp_path_factory.mktemp("router-stack")
+    with open(log_dir / "stack.log", "w") as out:
+        stack = Stack(
+            settings,
+            use_external_redis=True,
+            http_port_base=None,
+            lanes=(),
+            out=out,
+            log_dir=log_dir,
+            child_env=env,
+        )
+        try:
+            for _ in supervised(stack):
+                yield settings.model_copy(update={"kafka": stack.settings.kafka})
+        finally:
+            print(f"\nstack log: {log_dir / 'stack.log'}")
+
+
+async def _send(settings: Settings, values: list[tuple[str, dict[str, str]]]) -> None:
+    producer = AIOKafkaProducer(**settings.kafka.client_options())
+    await producer.start()
+    try:
+        sent = [
+            await producer.send(settings.topic("requests"), json.dumps(v).encode(), key=k.encode())
+            for k, v in values
+        ]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+async def _routed(settings: Settings, ids: set[str]) -> dict[str, RoutedRequest]:
+    """The lane records of ``ids`` (waits, up to about a minute, for all of them)."""
+    found: dict[str, RoutedRequest] = {}
+    for _ in range(60):
+        for lane in Lane:
+            for record in await read_topic(settings, settings.lane_topic(lane), timeout_s=1.0):
+                routed = RoutedRequest.model_validate_json(record.value)
+                if routed.request.id in ids:
+                    found[routed.request.id] = routed
+        if set(found) == ids:
+            break
+        await asyncio.sleep(0.5)
+    return found
+
+
+async def test_inside_a_classifier_a_canary_router_takes_half_and_a_new_artifact_is_shadowed(
+    router_stack: Settings, minilm: MiniLMEmbedder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = router_stack
+    tag = uuid.uuid4().hex[:6]
+    assert await cli(settings, "canary", "router", "lr-heavy", "--share", "0.5") == 0
+    # A session the canary owns (by the hash): wait until the classifier has read the change.
+    live = [RouterVersion(RULE_VERSION, "active"), RouterVersion("lr-heavy", "canary", 0.5)]
+    probe_session = next(
+        f"p{n}-{tag}" for n in range(100) if pick_router(live, f"session:p{n}-{tag}") == "lr-heavy"
+    )
+    for attempt in range(40):
+        rid = f"probe-{tag}-{attempt}"
+        body = {"id": rid, "session_id": probe_session, "prompt": "What is the capital of Peru?"}
+        await _send(settings, [(probe_session, body)])
+        got = await _routed(settings, {rid})
+        if got[rid].router_version == "lr-heavy":
+            break
+    else:
+        pytest.fail("the classifier never assigned the canary router")
+
+    sessions = [f"s{i}-{tag}" for i in range(40)]
+    bodies = [
+        (s, {"id": f"a-{s}", "session_id": s, "prompt": f"What is the capital of land {i}?"})
+        for i, s in enumerate(sessions)
+    ]
+    await _send(settings, bodies)
+    routed = await _routed(settings, {b["id"] for _, b in bodies})
+    canaried = [r for r in routed.values() if r.router_version == "lr-heavy"]
+    assert 10 <= len(canaried) <= 30, len(canaried)  # about half of 40 sessions
+    for r in routed.values():
+        assert r.path == (Path.HEAVY if r.router_version == "lr-heavy" else Path.LIGHT)
+
+    # A second artifact dropped in the directory is listed and shadowed: the
+    # classifier loads it, decides with it, and the paths stay the rule's.
+    assert await cli(settings, "rollback", "router") == 0
+    assert settings.routing.learned_router_dir is not None
+    save_artifact(
+        heavy_artifact("lr-heavy-2", minilm.dim), settings.routing.learned_router_dir / "h2.json"
+    )
+    assert await cli(settings, "shadow", "router", "lr-heavy-2") == 0
+    report: dict[str, Any] = {}
+    for attempt in range(40):
+        rid = f"shadowed-{tag}-{attempt}"
+        await _send(settings, [(rid, {"id": rid, "prompt": "What is the capital of Chile?"})])
+        got = await _routed(settings, {rid})
+        assert got[rid].path == Path.LIGHT and got[rid].router_version == RULE_VERSION
+        capsys.readouterr()
+        assert await cli(settings, "report", "--routers", "--json") == 0
+        rows = {r["router_version"]: r for r in json.loads(capsys.readouterr().out)}
+        if rows.get("lr-heavy-2", {}).get("decisions"):
+            report = rows["lr-heavy-2"]
+            break
+    assert report, "no shadow router decision was ever counted"
+    assert report["agreement"] == 0.0 and report["shadow_heavy_share"] == 1.0
