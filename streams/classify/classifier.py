@@ -208,27 +208,37 @@ def route(
         out += shadow_copies(routed, rollout, settings)
         if routers is not None and router_version is not None:
             judged = shadow_router_paths(
-                request, found, routers, router, settings, stats or {}, serving
+                request, decision, found, routers, router, stats or {}, serving
             )
     return Classified("routed", out, None, request, reply_to, adjusted, judged)
 
 
 def shadow_router_paths(
     request: InferenceRequest,
+    decision: Decision,
     found: Found,
     routers: RouterView,
     router: SmartRouter,
-    settings: Settings,
     stats: Mapping[Path, PathStats],
     serving: Serving | None,
 ) -> tuple[tuple[str, Path], ...]:
     """The path each shadow router version sampled for ``request`` would
-    choose, on the same inputs as the decision taken and without exploring;
-    nothing here changes what the request does."""
+    choose, on the inputs of the decision taken (``decision``: its features,
+    complexity and lane) and without exploring; nothing here changes what
+    the request does."""
     out = []
+    served = None if serving is None else serving.get(decision.lane, frozenset())
     for version in routers.shadows_for(request):
         twin = router.with_learned(routers.learned(version), explore=False)
-        out.append((version, decide(request, found, settings.routing, twin, stats, serving).path))
+        choice = twin.choose(
+            decision.complexity,
+            decision.lane,
+            stats,
+            served,
+            features=decision.features,
+            embedding=found.embedding,
+        )
+        out.append((version, choice.path))
     return tuple(out)
 
 

@@ -61,8 +61,8 @@ def add_models_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         ("shadow", "give VERSION a copy of the path's requests, answers recorded only"),
     ):
         action = actions.add_parser(name, help=what)
-        action.add_argument("path")
-        action.add_argument("version")
+        action.add_argument("path", help="a model path, or 'router' for the router versions")
+        action.add_argument("version", help="a registry version, or a router version ('rule', ...)")
         if name == "canary":
             action.add_argument("--share", type=float, required=True, help="0..1, e.g. 0.1")
         if name == "shadow":
