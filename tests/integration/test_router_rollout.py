@@ -11,7 +11,9 @@ state ``laneway models ... router ...`` writes, no broker and no workers
   models report --routers`` shows how often it agreed and its heavy share.
 - Inside a running classifier (broker, Redis, classifier and quality loop,
   no workers): the same canary share on the lane records, and an artifact
-  copied into the router directory while it runs is loaded and shadowed.
+  copied into the router directory while it runs is loaded and shadowed;
+  the quality loop drains a canary router whose requests went heavy far
+  more often than the rule's (from the result events workers would emit).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
-from schemas.messages import Lane, Path, RoutedRequest
+from schemas.messages import Lane, Path, QualityEvent, RoutedRequest
 from schemas.settings import RedisSettings, RoutingSettings, Settings
 from streams.cache.embedding import MiniLMEmbedder
 from streams.classify.batch import BatchClassifier, BatchLookups
@@ -52,7 +54,7 @@ from streams.tools.cli import _parser
 from streams.tools.models_cli import run_models
 from streams.tools.supervisor import Stack
 
-from .conftest import read_topic, supervised
+from .conftest import produce_raw, read_topic, supervised
 
 
 def heavy_artifact(version: str, dim: int) -> RouterArtifact:
@@ -309,3 +311,60 @@ async def test_inside_a_classifier_a_canary_router_takes_half_and_a_new_artifact
             break
     assert report, "no shadow router decision was ever counted"
     assert report["agreement"] == 0.0 and report["shadow_heavy_share"] == 1.0
+
+
+async def test_the_quality_loop_drains_a_canary_router_that_sends_too_much_heavy(
+    router_stack: Settings, minilm: MiniLMEmbedder
+) -> None:
+    """The result events a worker emits for the requests each router version
+    routed (all successes: the rule's light, the canary's heavy): the loop's
+    records of the canary show a heavy share far above the rule's, so it is
+    drained to 0% with a ``rollback`` event naming the router version."""
+    settings = router_stack
+    assert settings.routing.learned_router_dir is not None
+    tag = uuid.uuid4().hex[:6]
+    version = f"lr-costly-{tag}"
+    save_artifact(
+        heavy_artifact(version, minilm.dim), settings.routing.learned_router_dir / f"{tag}.json"
+    )
+    assert await cli(settings, "canary", "router", version, "--share", "0.3") == 0
+    redis = settings.redis.client()
+    field = f"router:learned:{version}"
+    key = f"{settings.redis.key_prefix}:models:rollout"
+    try:
+        since = json.loads(await redis.hget(key, field))["at_ms"]
+        events = [
+            QualityEvent(
+                id=f"{tag}-{who}-{n}",
+                lane=Lane.REALTIME,
+                path=path,
+                success=True,
+                latency_ms=200.0,
+                ts_ms=since + 1 + n,
+                router_version=who,
+            )
+            for n in range(30)
+            for who, path in ((RULE_VERSION, Path.LIGHT), (version, Path.HEAVY))
+        ]
+        for e in events:
+            await produce_raw(
+                settings, settings.topic("quality"), e.model_dump_json().encode(), e.id
+            )
+        drained: dict[str, Any] = {}
+        for _ in range(120):  # the loop judges every weights_refresh_s
+            drained = json.loads(await redis.hget(key, field))
+            if drained["by"] == "rollback":
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        await redis.aclose()
+    assert drained["state"] == "canary" and drained["share"] == 0.0 and drained["by"] == "rollback"
+    assert drained["reason"].startswith("heavy share 100%"), drained
+    quality = await read_topic(settings, settings.topic("quality"))
+    notices = [
+        QualityEvent.model_validate_json(r.value)
+        for r in quality
+        if json.loads(r.value).get("kind") == "rollback"
+    ]
+    mine = [n for n in notices if n.router_version == version]
+    assert len(mine) == 1 and mine[0].path is None and mine[0].reason == drained["reason"]
