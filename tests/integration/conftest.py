@@ -71,6 +71,31 @@ def supervised(stack: Stack) -> Iterator[Stack]:
         stack.stop()
 
 
+def own_stack(
+    log_dir: FsPath, env: dict[str, str], lanes: tuple[Lane, ...] = tuple(Lane)
+) -> Iterator[Stack]:
+    """A stack of a test module's own: its settings from ``env`` (also the
+    children's), only the workers of ``lanes``, supervised as ``laneway up``
+    does, its log in ``log_dir/stack.log``. Redis: ``LANEWAY_REDIS_URL`` of
+    ``env`` or of the environment, else an embedded Valkey."""
+    with mock.patch.dict(os.environ, env):
+        settings = Settings()
+    with open(log_dir / "stack.log", "w") as out:
+        stack = Stack(
+            settings,
+            use_external_redis="LANEWAY_REDIS_URL" in {**os.environ, **env},
+            http_port_base=None,
+            lanes=lanes,
+            out=out,
+            log_dir=log_dir,
+            child_env=env,
+        )
+        try:
+            yield from supervised(stack)
+        finally:
+            print(f"\nstack log: {log_dir / 'stack.log'}")
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """Redis for the tests that need Redis alone, never skipped: the machine's

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path as FsPath
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -43,9 +41,8 @@ from streams.classify.classifier import Admitted, SourceRecord, admit
 from streams.client import LanewayClient
 from streams.rules.rulefile import EXAMPLE_RULES_FILE, RuleSource
 from streams.stores.sessions import context_digest
-from streams.tools.supervisor import Stack
 
-from .conftest import read_topic, supervised
+from .conftest import own_stack, read_topic
 
 NOW_MS = 0  # admission below only checks deadlines, and these have none
 
@@ -274,24 +271,8 @@ def classifier_stack(
         "LANEWAY_CACHE_SYNC_INTERVAL_S": "3600",
         "LANEWAY_ROUTING_EXPLORATION": "0",
     }
-    with mock.patch.dict(os.environ, env):
-        settings = Settings()
-    log_dir = tmp_path_factory.mktemp("batch")
-    with open(log_dir / "stack.log", "w") as out:
-        stack = Stack(
-            settings,
-            use_external_redis=True,
-            http_port_base=None,
-            lanes=(),
-            out=out,
-            log_dir=log_dir,
-            child_env=env,
-        )
-        try:
-            for _ in supervised(stack):
-                yield settings.model_copy(update={"kafka": stack.settings.kafka})
-        finally:
-            print(f"\nstack log: {log_dir / 'stack.log'}")
+    for stack in own_stack(tmp_path_factory.mktemp("batch"), env, lanes=()):
+        yield stack.settings
 
 
 async def test_one_bad_record_in_a_batch_is_refused_and_the_rest_answered(

@@ -27,9 +27,8 @@ from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, Qual
 from schemas.settings import Settings
 from streams.client import LanewayClient
 from streams.rollout.state import RolloutStore
-from streams.tools.supervisor import Stack
 
-from .conftest import produce_to_lane, read_topic, routed_now
+from .conftest import own_stack, produce_to_lane, read_topic, routed_now
 
 REGISTRY = """\
 models:
@@ -64,31 +63,13 @@ def rollout_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         "LANEWAY_ROLLOUT_MIN_EVENTS": "5",
         "LANEWAY_WORKER_HEARTBEAT_S": "1",
     }
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        settings = Settings()
-    with open(folder / "stack.log", "w") as out:
-        stack = Stack(
-            settings,
-            use_external_redis="LANEWAY_REDIS_URL" in os.environ,
-            http_port_base=None,
-            lanes=(Lane.BULK,),
-            out=out,
-            log_dir=folder,
-            child_env=env,
-        )
-        try:
-            stack.start(ready_timeout_s=240)
-            running = stack.settings
-            yield {
-                **env,
-                "LANEWAY_KAFKA_BOOTSTRAP": running.kafka.bootstrap,
-                "LANEWAY_REDIS_URL": running.redis.url,
-            }
-        finally:
-            stack.stop()
-            print(f"\nstack log: {folder / 'stack.log'}")
+    for stack in own_stack(folder, env, lanes=(Lane.BULK,)):
+        running = stack.settings
+        yield {
+            **env,
+            "LANEWAY_KAFKA_BOOTSTRAP": running.kafka.bootstrap,
+            "LANEWAY_REDIS_URL": running.redis.url,
+        }
 
 
 @pytest.fixture

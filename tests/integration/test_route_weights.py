@@ -9,7 +9,6 @@ request reaches the router.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -21,8 +20,8 @@ from schemas.settings import Settings
 from streams.classify.router import RouteBoard
 from streams.client import LanewayClient
 from streams.tools.embedded import free_port
-from streams.tools.supervisor import Stack
 
+from .conftest import own_stack
 from .servers import llama_cpp_server
 
 PROMPTS = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city.", "Name a tree."]
@@ -89,33 +88,8 @@ def weighted(light: LightServer, tmp_path_factory: pytest.TempPathFactory) -> It
         "LANEWAY_ROUTING_W_LAT": "0",
         "LANEWAY_ROUTING_SUCCESS_WINDOW": "10",
     }
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        settings = Settings()
-    log_dir = tmp_path_factory.mktemp("weights")
-    with open(log_dir / "stack.log", "w") as out:
-        stack = Stack(
-            settings,
-            use_external_redis="LANEWAY_REDIS_URL" in os.environ,
-            http_port_base=None,
-            lanes=(Lane.REALTIME,),
-            out=out,
-            log_dir=log_dir,
-            child_env=env,
-        )
-        try:
-            stack.start(ready_timeout_s=240)
-            running = stack.settings
-            yield settings.model_copy(
-                update={
-                    "kafka": running.kafka,
-                    "redis": settings.redis.model_copy(update={"url": running.redis.url}),
-                }
-            )
-        finally:
-            stack.stop()
-            print(f"\nstack log: {log_dir / 'stack.log'}")
+    for stack in own_stack(tmp_path_factory.mktemp("weights"), env, lanes=(Lane.REALTIME,)):
+        yield stack.settings
 
 
 async def ask_many(client: LanewayClient, n: int) -> list[InferenceResult]:

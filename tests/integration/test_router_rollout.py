@@ -21,12 +21,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path as FsPath
 from typing import Any
-from unittest import mock
 
 import pytest
 import redis.asyncio as aioredis
@@ -52,9 +50,8 @@ from streams.rollout.routers import (
 from streams.rules.rulefile import RuleSource
 from streams.tools.cli import _parser
 from streams.tools.models_cli import run_models
-from streams.tools.supervisor import Stack
 
-from .conftest import produce_raw, read_topic, supervised
+from .conftest import own_stack, produce_raw, read_topic
 
 
 def heavy_artifact(version: str, dim: int) -> RouterArtifact:
@@ -208,24 +205,8 @@ def router_stack(
         "LANEWAY_ROUTING_LEARNED_ROUTER_DIR": str(routers),
         "LANEWAY_ROLLOUT_REFRESH_S": "0.5",
     }
-    with mock.patch.dict(os.environ, env):
-        settings = Settings()
-    log_dir = tmp_path_factory.mktemp("router-stack")
-    with open(log_dir / "stack.log", "w") as out:
-        stack = Stack(
-            settings,
-            use_external_redis=True,
-            http_port_base=None,
-            lanes=(),
-            out=out,
-            log_dir=log_dir,
-            child_env=env,
-        )
-        try:
-            for _ in supervised(stack):
-                yield settings.model_copy(update={"kafka": stack.settings.kafka})
-        finally:
-            print(f"\nstack log: {log_dir / 'stack.log'}")
+    for stack in own_stack(tmp_path_factory.mktemp("router-stack"), env, lanes=()):
+        yield stack.settings
 
 
 async def _send(settings: Settings, values: list[tuple[str, dict[str, str]]]) -> None:
@@ -292,6 +273,14 @@ async def test_inside_a_classifier_a_canary_router_takes_half_and_a_new_artifact
     # A second artifact dropped in the directory is listed and shadowed: the
     # classifier loads it, decides with it, and the paths stay the rule's.
     assert await cli(settings, "rollback", "router") == 0
+    for attempt in range(40):  # until the classifier has read the rollback
+        rid = f"back-{tag}-{attempt}"
+        body = {"id": rid, "session_id": probe_session, "prompt": "What is the capital of Peru?"}
+        await _send(settings, [(probe_session, body)])
+        if (await _routed(settings, {rid}))[rid].router_version == RULE_VERSION:
+            break
+    else:
+        pytest.fail("the classifier never read the rollback")
     assert settings.routing.learned_router_dir is not None
     save_artifact(
         heavy_artifact("lr-heavy-2", minilm.dim), settings.routing.learned_router_dir / "h2.json"
