@@ -515,6 +515,9 @@ class BackendSettings(BaseSettings):
     ``*.safetensors``) for the vllm backend, or a folder of them named after
     the models (``<dir>/<model>``). Unset: ``model`` itself must be a local
     directory or a Hub id (which vLLM would download)."""
+    vllm_max_num_seqs: int | None = Field(default=None, ge=1)
+    """Requests the vLLM engine schedules at once (its ``max_num_seqs``;
+    unset: vLLM's default). A registry entry's ``max_batch`` sets it per model."""
     vllm_enforce_eager: bool = False
     """Run the vLLM model eagerly: no torch.compile and no CUDA graphs, so it
     loads in seconds but decodes slower (the GPU tests use it; serve without)."""

@@ -46,7 +46,7 @@ from schemas.errors import (
 )
 from schemas.messages import ChatMessage, InferenceResult, Lane, Path, RoutedRequest, Timings, Usage
 from schemas.settings import BackendSettings
-from streams.classify.registry import ModelRegistry, builtin_registry
+from streams.classify.registry import ModelEntry, ModelRegistry, builtin_registry
 from streams.stores.sessions import with_history
 from workers.backends.base import (
     Backend,
@@ -166,8 +166,8 @@ def backend_slots(
     for path in paths:
         entry = registry.for_path(path)
         if entry is not None and path in (Path.LIGHT, Path.HEAVY):
-            slots[path] = _slot(settings, path, entry.backend, entry.name, entry.version)
-    slots[Path.RULES] = _slot(settings, Path.RULES, "rules", "rules", None)
+            slots[path] = _slot(settings, path, entry)
+    slots[Path.RULES] = _slot(settings, Path.RULES, None)
     return slots
 
 
@@ -177,16 +177,23 @@ def version_slots(
     """A backend for every version of ``paths`` that is neither the active
     one nor retired (canaries and shadows), by path and version."""
     return {
-        (path, entry.version): _slot(settings, path, entry.backend, entry.name, entry.version)
+        (path, entry.version): _slot(settings, path, entry)
         for path in paths
         for entry in registry.versions(path)
         if entry.state in ("canary", "shadow")
     }
 
 
-def _slot(
-    settings: BackendSettings, path: Path, kind: str, model: str, version: str | None
-) -> BackendSlot:
+def _slot(settings: BackendSettings, path: Path, entry: ModelEntry | None) -> BackendSlot:
+    """``entry``: the registry version the slot loads (``None``: the rules)."""
+    if entry is None:
+        kind, model, version = "rules", "rules", None
+    else:
+        kind, model, version = entry.backend, entry.name, entry.version
+    if entry is not None and entry.max_batch is not None:
+        settings = settings.model_copy(
+            update={"llamacpp_max_sequences": entry.max_batch, "vllm_max_num_seqs": entry.max_batch}
+        )
     label = f"{path}={kind}:{model}" + (f"@{version}" if version is not None else "")
     return BackendSlot(
         functools.partial(create_backend, kind, model, settings),

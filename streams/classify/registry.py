@@ -76,7 +76,11 @@ class ModelEntry(BaseModel):
     lanes: tuple[Lane, ...] = (Lane.REALTIME, Lane.MEDIUM, Lane.BULK)
     max_complexity: Literal["simple", "moderate", "complex"] = "complex"
     cost_per_1k_tokens: float = Field(default=0.0, ge=0)
-    max_batch: int = Field(default=8, ge=1)
+    max_batch: int | None = Field(default=None, ge=1)
+    """Most requests this model runs at once: llama.cpp's sequences in one
+    context (else ``LANEWAY_BACKEND_LLAMACPP_MAX_SEQUENCES``), vLLM's
+    ``max_num_seqs`` (else ``LANEWAY_BACKEND_VLLM_MAX_NUM_SEQS``, else vLLM's
+    default); an OpenAI-compatible server sets its own."""
     expected_latency_ms: float = Field(default=1_000.0, gt=0)
     """Latency the router assumes before the quality loop has measured any."""
     state: VersionState = "active"
@@ -162,7 +166,6 @@ def builtin_registry(backend: BackendSettings) -> ModelRegistry:
                 path="light",
                 max_complexity="simple",
                 cost_per_1k_tokens=0.0002,
-                max_batch=8,
                 expected_latency_ms=800,
             ),
             ModelEntry(
@@ -172,7 +175,6 @@ def builtin_registry(backend: BackendSettings) -> ModelRegistry:
                 path="heavy",
                 max_complexity="complex",
                 cost_per_1k_tokens=0.0010,
-                max_batch=8,
                 expected_latency_ms=2_000,
             ),
         )

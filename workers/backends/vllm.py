@@ -200,6 +200,9 @@ class VLLMBackend:
         except ImportError as exc:
             raise BackendUnavailable(f"vllm is not installed (laneway[gpu]): {exc}") from exc
         source = model_source(self.model, self._settings.vllm_model_dir)
+        limits = {}
+        if self._settings.vllm_max_num_seqs is not None:
+            limits["max_num_seqs"] = self._settings.vllm_max_num_seqs
         args = AsyncEngineArgs(
             model=source,
             served_model_name=self.model,
@@ -207,6 +210,7 @@ class VLLMBackend:
             gpu_memory_utilization=self._settings.vllm_gpu_memory_utilization,
             enforce_eager=self._settings.vllm_enforce_eager,
             disable_log_stats=True,
+            **limits,
         )
         try:
             engine = AsyncLLMEngine.from_engine_args(args)

@@ -13,6 +13,7 @@ from schemas.errors import (
 )
 from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings
+from streams.classify.registry import ModelRegistry, builtin_registry
 from workers.backends.base import (
     Backend,
     Generation,
@@ -402,8 +403,6 @@ async def test_a_shadow_copy_runs_on_its_version_or_not_at_all() -> None:
 
 
 def test_slots_come_from_the_registrys_versions_that_are_not_retired() -> None:
-    from streams.classify.registry import ModelRegistry, builtin_registry
-
     base = builtin_registry(BackendSettings())
     extra = [
         {
@@ -440,3 +439,30 @@ async def test_a_shadow_of_the_workers_own_active_version_never_falls_back() -> 
     executor = Executor(Lane.BULK, slots)
     (done,) = await executor.execute([for_version("ping", "v1", shadow=True)])
     assert done.result.status == "error" and done.result.path == "heavy"
+
+
+def test_a_versions_max_batch_sizes_its_backend_and_unset_leaves_the_setting() -> None:
+    registry = ModelRegistry.model_validate(
+        {
+            "models": [
+                {"name": "smollm2-135m", "backend": "llamacpp", "path": "light", "max_batch": 3},
+                {"name": "gemma3-270m", "backend": "llamacpp", "path": "heavy"},
+                {
+                    "name": "g2",
+                    "version": "2",
+                    "state": "canary",
+                    "backend": "vllm",
+                    "path": "heavy",
+                    "max_batch": 32,
+                },
+            ]
+        }
+    )
+    settings = BackendSettings(llamacpp_max_sequences=12)
+    slots = backend_slots(settings, (Path.LIGHT, Path.HEAVY), registry)
+    light = slots[Path.LIGHT]._factory()
+    heavy = slots[Path.HEAVY]._factory()
+    assert light._settings.llamacpp_max_sequences == 3  # type: ignore[attr-defined]
+    assert heavy._settings.llamacpp_max_sequences == 12  # type: ignore[attr-defined]
+    canary = version_slots(settings, registry, (Path.HEAVY,))[(Path.HEAVY, "2")]._factory()
+    assert canary._settings.vllm_max_num_seqs == 32  # type: ignore[attr-defined]
