@@ -25,10 +25,11 @@ old consumer group (the app id), so the offsets an older classifier
 committed are kept; faust's own Kafka consumer is not started
 (``new_app(..., consumer=False)``). Members of one group must share an
 assignor, and faust's is not aiokafka's: on an upgrade, stop the older
-classifiers before these start (they would be refused the group). faust still runs the process: the
-producer, the timers below (the flow controller's load level, the route
-statistics, the rule file, the semantic cache index and the drift monitor),
-the worker's signals and logging.
+classifiers before these start (they would be refused the group).
+
+faust still runs the process: the producer, the timers below (the flow
+controller's load level, the route statistics, the rule file, the semantic
+cache index and the drift monitor), the worker's signals and logging.
 """
 
 from __future__ import annotations
