@@ -6,22 +6,36 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from schemas.errors import BackendUnavailable, LanewayError
-from schemas.messages import InferenceResult, QualityEvent
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    InvalidTopicError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+    UnsupportedForMessageFormatError,
+)
+from pydantic import ValidationError
+
+from schemas.errors import BackendUnavailable, InvalidRequest, LanewayError
+from schemas.messages import InferenceResult, QualityEvent, RoutedRequest
 from schemas.settings import Settings
 
 __all__ = [
     "DLQ_HEADERS",
+    "PERMANENT",
     "ConsumedRecord",
     "Outbound",
     "Send",
     "deliver",
     "dlq_for",
     "dlq_record",
+    "refused_for_good",
     "terminal_records",
 ]
 
@@ -34,6 +48,17 @@ DLQ_HEADERS = (
     "laneway-source-partition",
     "laneway-source-offset",
 )
+
+
+TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
+PERMANENT = (
+    *TOO_LARGE,
+    TopicAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    InvalidTopicError,
+    UnsupportedForMessageFormatError,
+)
+"""Produce errors that no retry can cure: the record or the topic is wrong."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +156,13 @@ async def deliver(records: Sequence[Outbound], send: Send, settings: Settings) -
 
     A record a client's reply topic refuses (a name the cluster rejects, a
     topic that does not exist where auto-creation is off) goes to the DLQ
-    with the reason, so one bad address never blocks a partition. Records
-    for laneway's own topics are retried with backoff until the broker takes
-    them: giving up would lose the request.
+    with the reason, so one bad address never blocks a partition. A record
+    for laneway's own topics that can never be taken (``PERMANENT``: too
+    large, no rights to the topic) goes to the DLQ too, and when it carried
+    a request to a lane its client gets the error as its terminal result; a
+    DLQ that refuses the record as well gets its headers with an empty value.
+    Other failures on laneway's own topics are retried with backoff until
+    the broker takes the records: giving up would lose the request.
     """
     replies = settings.replies_topic
     pending = list(records)
@@ -144,7 +173,10 @@ async def deliver(records: Sequence[Outbound], send: Send, settings: Settings) -
             return
         pending, retrying = [], False
         for record, exc in failed:
-            if record.topic == replies or record.topic.startswith(replies + "."):
+            if isinstance(exc, PERMANENT) and not _is_reply(record.topic, replies):
+                log.error("%s refused a record for good: %r", record.topic, exc)
+                pending += refused_for_good(record, exc, settings)
+            elif _is_reply(record.topic, replies):
                 log.warning("reply topic %s refused a result: %s", record.topic, exc)
                 error = BackendUnavailable(
                     f"reply topic {record.topic!r} refused the result: {exc}"
@@ -172,6 +204,58 @@ async def deliver(records: Sequence[Outbound], send: Send, settings: Settings) -
                 delay,
             )
             await asyncio.sleep(delay)
+
+
+def _is_reply(topic: str, replies: str) -> bool:
+    return topic == replies or topic.startswith(replies + ".")
+
+
+def refused_for_good(record: Outbound, exc: BaseException, settings: Settings) -> list[Outbound]:
+    """What replaces a record the broker will never take: the record on the
+    DLQ with the reason and, for a request on its way to a lane, its
+    client's error result. A record the DLQ refuses keeps its headers, with
+    an empty value; one that is empty already is given up (logged)."""
+    dlq = settings.topic("dlq")
+    if record.topic == dlq:
+        if not record.value:
+            log.error("the DLQ refused an empty record too; dropped: %r", record.headers)
+            return []
+        note = ("laneway-dlq-value-dropped", repr(exc).encode()[:1000])
+        return [Outbound(dlq, record.key, b"", (*record.headers, note))]
+    error: LanewayError
+    if isinstance(exc, TOO_LARGE):
+        error = InvalidRequest(
+            f"the request is {len(record.value)} bytes on {record.topic}, more than the "
+            f"broker takes ({type(exc).__name__}); send a shorter prompt or session"
+        )
+    else:
+        error = BackendUnavailable(f"laneway may not write to {record.topic}: {exc!r}")
+    out = [
+        dlq_record(
+            record.value,
+            record.key,
+            error,
+            source_topic=record.topic,
+            source_offset=-1,
+            settings=settings,
+        )
+    ]
+    try:
+        routed = RoutedRequest.model_validate_json(record.value)
+    except ValidationError:
+        return out  # not a request (a result or an event): the DLQ holds it
+    result = InferenceResult.failure(
+        routed.request.id,
+        error,
+        lane=routed.lane,
+        path=routed.path,
+        batch_id=routed.request.batch_id,
+    ).model_copy(update={"version": routed.version, "router_version": routed.router_version})
+    now_ms = int(time.time() * 1000)
+    tenant = routed.request.tenant
+    return out + terminal_records(
+        result, reply_to=routed.reply_to, tenant=tenant, now_ms=now_ms, settings=settings
+    )
 
 
 async def _send_all(send: Send, records: Sequence[Outbound]) -> list[BaseException | None]:
