@@ -44,7 +44,7 @@ the events of the partitions it owns.
   its ``rollback`` event naming the ``router_version``.
 
 The agents are thin; the maths is ``streams.classify.router.PathStats``
-and ``merge`` here.
+and ``streams.quality.records``.
 """
 
 from __future__ import annotations
@@ -52,9 +52,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import faust
@@ -63,7 +61,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from schemas.errors import InvalidRequest
-from schemas.messages import Feedback, Lane, Path, QualityEvent, describe_errors
+from schemas.messages import Feedback, Path, QualityEvent, describe_errors
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.classify.registry import load_registry
@@ -71,26 +69,22 @@ from streams.classify.router import PathStats, RouteBoard
 from streams.kafka.envelopes import Outbound, deliver, dlq_for
 from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
+from streams.quality.records import (
+    ROUTER_FIELD,
+    LaneLatency,
+    PartStats,
+    merge_all,
+    merge_routers,
+    merge_versions,
+    router_field,
+    version_field,
+)
 from streams.rollout.board import RolloutBoard
-from streams.rollout.rollback import RouterRecord, decide, routers_to_drain
+from streams.rollout.rollback import decide, routers_to_drain
 from streams.rollout.routers import ROUTER_KIND, ROUTER_NAME, RouterCatalog
 from streams.stores.backlog import LatencyBoard
 
-__all__ = [
-    "Answered",
-    "LaneLatency",
-    "PartStats",
-    "build_quality_app",
-    "counts_outcome",
-    "fold",
-    "merge",
-    "merge_all",
-    "merge_routers",
-    "merge_versions",
-    "router_app_id",
-    "router_field",
-    "version_field",
-]
+__all__ = ["Answered", "build_quality_app", "router_app_id"]
 
 log = logging.getLogger(__name__)
 
@@ -110,233 +104,10 @@ ROLLBACKS = Counter(
     "Canaries drained to 0% because they did worse than the active version",
     ["path", "version", "signal"],
 )
-VERSION_SEP = "~"
-"""Between path and version in a version record's field: ``heavy~2@3``."""
-
-
-ROUTER_FIELD = "router"
-"""Before the separator in a router version's record: ``router~lr-1@3``."""
-
-
-def version_field(path: Path, version: str, partition: int | str) -> str:
-    return f"{path.value}{VERSION_SEP}{version}@{partition}"
-
-
-def router_field(router_version: str, partition: int | str) -> str:
-    return f"{ROUTER_FIELD}{VERSION_SEP}{router_version}@{partition}"
 
 
 def router_app_id(settings: Settings) -> str:
     return f"{settings.app_id}-router"
-
-
-class LaneLatency:
-    """The most recent result latencies per lane, for their p95: at most
-    ``size`` per lane, none older than ``max_age_s``. A lane with no recent
-    result has no p95, so the flow controller's latency level falls once its
-    traffic stops instead of holding the last busy figure for ever."""
-
-    def __init__(
-        self,
-        size: int = 200,
-        max_age_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._samples: dict[Lane, deque[tuple[float, float]]] = {
-            lane: deque(maxlen=size) for lane in Lane
-        }
-        self._max_age_s = max_age_s
-        self._clock = clock
-
-    def add(self, lane: Lane, latency_ms: float) -> None:
-        self._samples[lane].append((self._clock(), latency_ms))
-
-    def p95(self) -> dict[Lane, float]:
-        out = {}
-        oldest = self._clock() - self._max_age_s
-        for lane, samples in self._samples.items():
-            while samples and samples[0][0] < oldest:
-                samples.popleft()
-            if samples:
-                ordered = sorted(latency for _, latency in samples)
-                out[lane] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
-        return out
-
-
-def fold(stats: PathStats | None, event: QualityEvent, settings: Settings) -> PathStats:
-    """One event folded into a path's record (a fresh record for a new path)."""
-    routing = settings.routing
-    if stats is None:
-        stats = PathStats(latency_ms=event.latency_ms)
-    if event.kind == "feedback" and event.feedback is not None:
-        stats.feedback(event.feedback, weight=routing.feedback_weight)
-    elif event.kind in ("result", "attempt"):
-        stats.observe(event, alpha=routing.ewma_alpha, window=routing.success_window)
-    return stats
-
-
-def counts_outcome(event: QualityEvent) -> bool:
-    """Whether ``PathStats.observe`` adds an outcome for ``event``."""
-    return event.kind in ("result", "attempt") and event.error_code not in ("INF-429", "INF-400")
-
-
-@dataclass(slots=True)
-class PartStats:
-    """One partition's record of one path: its ``PathStats``, when each of
-    its outcomes happened (``ts_ms``, aligned with ``stats.outcomes``), the
-    latency of its recent successes with their times (``samples``) and how
-    much feedback it holds."""
-
-    stats: PathStats
-    feedbacks: int = 0
-    ts_ms: list[int] = field(default_factory=list)
-    samples: list[tuple[int, float]] = field(default_factory=list)
-    heavy: list[int] = field(default_factory=list)
-    """1 where the heavy path gave the outcome (aligned with ``ts_ms``)."""
-
-    def fold(self, event: QualityEvent, settings: Settings) -> None:
-        self.stats = fold(self.stats, event, settings)
-        if counts_outcome(event):
-            self.ts_ms.append(event.ts_ms)
-            self.ts_ms = self.ts_ms[-len(self.stats.outcomes) :]
-            self.heavy.append(1 if event.path == Path.HEAVY else 0)
-            self.heavy = self.heavy[-len(self.stats.outcomes) :]
-            if event.success:
-                self.samples.append((event.ts_ms, event.latency_ms))
-                del self.samples[: -settings.routing.success_window]
-        if event.kind == "feedback":
-            self.feedbacks += 1
-
-    def since(self, ts_ms: int) -> PartStats:
-        """This record with only the outcomes (and latencies) from ``ts_ms`` on."""
-        heavy = self._heavy()
-        kept = [(t, o) for t, o in zip(self.ts_ms, self.stats.outcomes, strict=True) if t >= ts_ms]
-        kept_heavy = [h for t, h in zip(self.ts_ms, heavy, strict=True) if t >= ts_ms]
-        stats = PathStats(
-            latency_ms=self.stats.latency_ms,
-            outcomes=[o for _, o in kept],
-            quality=self.stats.quality,
-            n=self.stats.n,
-            updated_ms=self.stats.updated_ms,
-        )
-        samples = [s for s in self.samples if s[0] >= ts_ms]
-        return PartStats(stats, self.feedbacks, [t for t, _ in kept], samples, kept_heavy)
-
-    def _heavy(self) -> list[int]:
-        """``heavy`` aligned with ``ts_ms`` (a record written before it was kept: zeros)."""
-        if len(self.heavy) == len(self.ts_ms):
-            return self.heavy
-        return [0] * len(self.ts_ms)
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                **_as_dict(self.stats),
-                "feedbacks": self.feedbacks,
-                "ts": self.ts_ms,
-                "samples": self.samples,
-                "heavy": self.heavy,
-            }
-        )
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> PartStats:
-        data = json.loads(raw)
-        stats = PathStats.from_json(raw)
-        ts = [int(t) for t in data.get("ts", [])]
-        if len(ts) != len(stats.outcomes):  # written before times were kept
-            ts = [stats.updated_ms] * len(stats.outcomes)
-        samples = [(int(t), float(v)) for t, v in data.get("samples", [])]
-        heavy = [int(h) for h in data.get("heavy", [])]
-        return cls(stats, int(data.get("feedbacks", 0)), ts, samples, heavy)
-
-
-def merge(parts: list[PartStats], window: int, alpha: float) -> PathStats:
-    """One path's record from its partitions' records, as one record fed
-    every event would be: the newest ``window`` outcomes of all of them by
-    time, the latency EWMA (``alpha``) replayed over their recent successes
-    in time order, feedback quality weighted by each one's feedback, counts
-    summed."""
-    timed = sorted((t, o) for p in parts for t, o in zip(p.ts_ms, p.stats.outcomes, strict=True))[
-        -window:
-    ]
-    samples = sorted(s for p in parts for s in p.samples)[-window:]
-    if samples:
-        latency = samples[0][1]
-        for _, sample in samples[1:]:
-            latency = alpha * sample + (1 - alpha) * latency
-    else:  # nothing succeeded lately: what the records say, each as much
-        latency = sum(p.stats.latency_ms for p in parts) / len(parts)
-    said = sum(p.feedbacks for p in parts)
-    quality = (
-        sum(p.feedbacks * p.stats.quality for p in parts) / said
-        if said
-        else min((p.stats.quality for p in parts), default=1.0)
-    )
-    return PathStats(
-        latency_ms=latency,
-        outcomes=[o for _, o in timed],
-        quality=quality,
-        n=sum(p.stats.n for p in parts),
-        updated_ms=max((p.stats.updated_ms for p in parts), default=0),
-    )
-
-
-def merge_all(fields: dict[str, PartStats], window: int, alpha: float) -> dict[Path, PathStats]:
-    """Every path's merged record from ``<path>@<partition>`` fields."""
-    by_path: dict[Path, list[PartStats]] = {}
-    for name, part in fields.items():
-        path_name, _, partition = name.partition("@")
-        if not partition or path_name not in {p.value for p in Path}:
-            continue
-        by_path.setdefault(Path(path_name), []).append(part)
-    return {path: merge(parts, window, alpha) for path, parts in by_path.items()}
-
-
-def merge_versions(
-    fields: dict[str, PartStats],
-    window: int,
-    alpha: float,
-    since: Callable[[Path, str], int] = lambda path, version: 0,
-) -> dict[tuple[Path, str], PathStats]:
-    """Every version's merged record from ``<path>~<version>@<partition>``
-    fields, each over its outcomes from ``since(path, version)`` on."""
-    by_version: dict[tuple[Path, str], list[PartStats]] = {}
-    for name, part in fields.items():
-        head, _, partition = name.rpartition("@")
-        path_name, sep, version = head.partition(VERSION_SEP)
-        if not partition or not sep or path_name not in {p.value for p in Path}:
-            continue
-        by_version.setdefault((Path(path_name), version), []).append(part)
-    return {
-        key: merge([p.since(since(*key)) for p in parts], window, alpha)
-        for key, parts in by_version.items()
-    }
-
-
-def merge_routers(
-    fields: dict[str, PartStats],
-    window: int,
-    alpha: float,
-    since: Callable[[str], int] = lambda version: 0,
-) -> dict[str, RouterRecord]:
-    """Every router version's merged record from ``router~<version>@<partition>``
-    fields, each over its outcomes from ``since(version)`` on, with the share
-    of those outcomes the heavy path gave."""
-    by_version: dict[str, list[PartStats]] = {}
-    for name, part in fields.items():
-        head, _, partition = name.rpartition("@")
-        kind, sep, version = head.partition(VERSION_SEP)
-        if partition and sep and kind == ROUTER_FIELD and version:
-            by_version.setdefault(version, []).append(part.since(since(version)))
-    out = {}
-    for version, parts in by_version.items():
-        timed = sorted((t, h) for p in parts for t, h in zip(p.ts_ms, p._heavy(), strict=True))[
-            -window:
-        ]
-        heavy_share = sum(h for _, h in timed) / len(timed) if timed else 0.0
-        out[version] = RouterRecord(merge(parts, window, alpha), heavy_share)
-    return out
 
 
 def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
@@ -595,10 +366,6 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
         state.detail = f"keeping path statistics of {len(assigned)} partitions"
 
     return app
-
-
-def _as_dict(stats: PathStats) -> dict[str, Any]:
-    return dict(json.loads(stats.to_json()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,14 +8,8 @@ import pytest
 from schemas.messages import Path, QualityEvent
 from schemas.settings import KafkaSettings, RoutingSettings, Settings
 from streams.classify.router import PathStats
-from streams.quality.loop import (
-    Answered,
-    PartStats,
-    counts_outcome,
-    fold,
-    merge,
-    merge_all,
-)
+from streams.quality.loop import Answered
+from streams.quality.records import PartStats, counts_outcome, fold, merge, merge_all
 
 
 def test_an_answer_is_remembered_with_its_cache_entry() -> None:

@@ -18,7 +18,7 @@ from schemas.messages import (
 from schemas.settings import BackendSettings, RolloutSettings, RoutingSettings, Settings
 from streams.classify.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
 from streams.classify.router import PathStats
-from streams.quality.loop import PartStats, fold, merge_versions, version_field
+from streams.quality.records import PartStats, fold, merge_versions, version_field
 from streams.rollout.assign import RolloutView, assignment_key, pick_shadows, pick_version, unit
 from streams.rollout.report import aggregate, format_reports, pair
 from streams.rollout.rollback import decide

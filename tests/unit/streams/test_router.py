@@ -8,7 +8,7 @@ from schemas.settings import BackendSettings, RoutingSettings, Settings
 from streams.classify.features import Complexity
 from streams.classify.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
 from streams.classify.router import PathStats, SmartRouter, ewma, score_paths
-from streams.quality.loop import LaneLatency, fold
+from streams.quality.records import LaneLatency, fold
 
 REGISTRY = builtin_registry(BackendSettings())
 SETTINGS = Settings()

@@ -16,7 +16,7 @@ from streams.classify.policy import Found
 from streams.classify.registry import builtin_registry
 from streams.classify.router import PathStats, SmartRouter
 from streams.distill.learned import BASE_FEATURES, RouterArtifact, save_artifact
-from streams.quality.loop import PartStats, merge_routers, router_field
+from streams.quality.records import PartStats, merge_routers, router_field
 from streams.rollout.assign import RolloutView, assignment_key, pick_version
 from streams.rollout.rollback import RouterRecord, decide_router
 from streams.rollout.routers import (
