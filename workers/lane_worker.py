@@ -38,6 +38,7 @@ from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.classify.registry import load_registry
 from streams.kafka.envelopes import Outbound, deliver
+from streams.kafka.tracing import Traces, child_header, traced
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.stores.backlog import BacklogBoard
 from streams.stores.sessions import context_digest
@@ -361,11 +362,17 @@ class LaneWorker:
         (the batch taken before this one) has committed."""
         outbound: list[Outbound] = []
         batch: list[tuple[RecordKey, RoutedRequest]] = []
+        # Every record produced for a lane record carries a child of its traceparent.
+        traces: Traces = {
+            (r.topic, r.partition, r.offset): child_header(r.headers) for r in records
+        }
         for record in records:
             try:
                 routed = RoutedRequest.model_validate_json(record.value or b"")
             except ValidationError as exc:
-                outbound += reject_unreadable(record, exc, self.settings, self.lane)
+                unreadable = reject_unreadable(record, exc, self.settings, self.lane)
+                coords = (record.topic, record.partition, record.offset)
+                outbound += traced(unreadable, traces[coords])
                 continue
             rid = record_id(routed.request.id, routed.version, shadow=routed.shadow)
             key = (record.topic, record.partition, record.offset, rid)
@@ -383,10 +390,12 @@ class LaneWorker:
         done = {key for key, _, _ in answers}
         fresh = [(key, routed) for key, routed in fresh if key not in done]
         if crashed_before:
-            ran, parked, more = await self._isolate(fresh, records)
+            ran, parked, more = await self._isolate(fresh, records, traces)
         else:
-            ran, more = await self._run(fresh)
-            ran, parked, retry_out = settle_failures(ran, records, self.settings, self.lane)
+            ran, more = await self._run(fresh, traces)
+            ran, parked, retry_out = settle_failures(
+                ran, records, self.settings, self.lane, traces=traces
+            )
             more += retry_out
         answers += ran
         outbound += more
@@ -400,8 +409,8 @@ class LaneWorker:
             )
 
         now_ms = int(time.time() * 1000)
-        for _, routed, result in answers + replayed:
-            outbound += terminal_for(result, routed, now_ms, self.settings)
+        for key, routed, result in answers + replayed:
+            outbound += traced(terminal_for(result, routed, now_ms, self.settings), traces[key[:3]])
         # Kept before they are sent: whatever happens after this point, a
         # redelivery repeats these results rather than computing new ones.
         if self.store is not None:
@@ -429,7 +438,7 @@ class LaneWorker:
             LATENCY.labels(self.lane, result.path).observe(result.timings.total_ms / 1000)
 
     async def _run(
-        self, fresh: list[tuple[RecordKey, RoutedRequest]]
+        self, fresh: list[tuple[RecordKey, RoutedRequest]], traces: Traces
     ) -> tuple[list[Answer], list[Outbound]]:
         """Run ``fresh`` on the model paths, identical requests once
         (``workers.coalesce``). Returns the answers and a quality event per
@@ -451,21 +460,29 @@ class LaneWorker:
                 alone.append((follower.key, follower.routed))
         if len(followers) > len(alone):
             COALESCED.labels(self.lane).inc(len(followers) - len(alone))
+        keys = [key for key, _ in leaders]
         if alone:  # the leader failed: each runs on its own
             more = await self.executor.execute([routed for _, routed in alone])
             finished += more
+            keys += [key for key, _ in alone]
             answers += [
                 (key, item.routed, item.result) for (key, _), item in zip(alone, more, strict=True)
             ]
-        return answers, [
-            event
-            for item in finished
-            if not item.routed.shadow  # shadow trouble is on the shadow topic, not the path's
-            for event in attempt_events(item, self.settings)
-        ]
+        return (
+            answers,
+            [
+                event
+                for key, item in zip(keys, finished, strict=True)
+                if not item.routed.shadow  # shadow trouble is on the shadow topic, not the path's
+                for event in traced(attempt_events(item, self.settings), traces[key[:3]])
+            ],
+        )
 
     async def _isolate(
-        self, fresh: list[tuple[RecordKey, RoutedRequest]], records: Sequence[ConsumerRecord]
+        self,
+        fresh: list[tuple[RecordKey, RoutedRequest]],
+        records: Sequence[ConsumerRecord],
+        traces: Traces,
     ) -> tuple[list[Answer], list[RecordKey], list[Outbound]]:
         """A batch holding these records crashed its worker before. Run them
         one at a time, each result kept in the store as soon as it is known,
@@ -478,10 +495,13 @@ class LaneWorker:
         outbound: list[Outbound] = []
         for key, routed in fresh:
             if await self.store.begin_alone(key) >= self.settings.max_attempts:
-                outbound += give_up([(key, routed)], records, self.settings, self.lane)
+                poisoned = give_up([(key, routed)], records, self.settings, self.lane)
+                outbound += traced(poisoned, traces[key[:3]])
                 continue
-            ran, events = await self._run([(key, routed)])
-            left, park, retry_out = settle_failures(ran, records, self.settings, self.lane)
+            ran, events = await self._run([(key, routed)], traces)
+            left, park, retry_out = settle_failures(
+                ran, records, self.settings, self.lane, traces=traces
+            )
             await self.store.put_many([(k, result) for k, _, result in left])
             answers += left
             parked += park

@@ -28,6 +28,7 @@ from schemas.messages import (
 from schemas.settings import Settings
 from streams.cache.keys import cache_key, store_refusal
 from streams.kafka.envelopes import Outbound, dlq_for, terminal_records
+from streams.kafka.tracing import Traces, traced
 from streams.ops import RECORDS
 from streams.stores.sessions import context_digest
 from workers.answered import attempt_event
@@ -64,13 +65,19 @@ RETRIES = Counter(
 
 
 def settle_failures(
-    answers: list[Answer], records: Sequence[ConsumerRecord], settings: Settings, lane: Lane
+    answers: list[Answer],
+    records: Sequence[ConsumerRecord],
+    settings: Settings,
+    lane: Lane,
+    *,
+    traces: Traces | None = None,
 ) -> tuple[list[Answer], list[RecordKey], list[Outbound]]:
     """Take the failures no backend could serve out of ``answers``: each
     is parked on the retry topic while attempts and deadline allow.
     The last attempt's failure stays the client's answer and its record
     goes to the DLQ. Returns the answers left, the parked records and
-    the records to produce for them."""
+    the records to produce for them, each with its record's ``traceparent``
+    from ``traces`` (by topic, partition, offset) when given."""
     by_offset = {(r.topic, r.partition, r.offset): r for r in records}
     now_ms = int(time.time() * 1000)
     left: list[Answer] = []
@@ -100,14 +107,15 @@ def settle_failures(
                 plan.mark.not_before_ms - now_ms,
                 result.error.message,
             )
-            outbound.append(retry_record(record, plan.mark, result, settings, lane))
             # The router hears of the failure now, not when the last attempt ends.
             path = result.path or routed.path
-            outbound.append(
+            parking = [
+                retry_record(record, plan.mark, result, settings, lane),
                 attempt_event(
                     routed, result, path, result.error.code, settings, version=result.version
-                )
-            )
+                ),
+            ]
+            outbound += _traced(parking, key, traces)
             parked.append(key)
             continue
         if isinstance(plan, Exhausted):
@@ -121,9 +129,14 @@ def settle_failures(
         if isinstance(plan, Exhausted):
             dead = dlq_for(record, error, settings)
             attempts = ((ATTEMPT_HEADER, str(attempt).encode()),)
-            outbound.append(dataclasses.replace(dead, headers=dead.headers + attempts))
+            dead = dataclasses.replace(dead, headers=dead.headers + attempts)
+            outbound += _traced([dead], key, traces)
         left.append((key, routed, result))
     return left, parked, outbound
+
+
+def _traced(records: list[Outbound], key: RecordKey, traces: Traces | None) -> list[Outbound]:
+    return traced(records, traces[key[:3]]) if traces is not None else records
 
 
 def give_up(

@@ -59,6 +59,7 @@ from streams.kafka.batches import BatchSend
 from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.faust_transport import new_app, raw_sender
 from streams.kafka.intake import Intake, Taken
+from streams.kafka.tracing import child_header, traced
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
 from streams.rollout.board import RolloutBoard
 from streams.rollout.routers import RouterCatalog, ShadowTally, tally_key
@@ -86,6 +87,7 @@ def source_record(record: ConsumerRecord) -> SourceRecord:
         record.topic,
         record.partition,
         record.offset,
+        tuple(record.headers or ()),
     )
 
 
@@ -175,8 +177,14 @@ def build_app(
                 done = 0
                 async for wave in waves:
                     outcomes = [classified for _, classified in wave]
+                    # Each request's records carry a child of its traceparent (or a new trace).
+                    out = [
+                        r
+                        for i, classified in wave
+                        for r in traced(classified.records, child_header(records[i].headers))
+                    ]
                     await pipeline.wait()  # one batch in flight at most, and its errors surface
-                    pipeline.chain(partial(settle, outcomes), wave_keys(records, wave))
+                    pipeline.chain(partial(settle, outcomes, out), wave_keys(records, wave))
                     done += len(wave)
                     if done < len(records):  # another wave: it reads what this one wrote
                         await pipeline.wait()
@@ -190,10 +198,10 @@ def build_app(
         """Stop taking, let the batches in flight finish, commit, leave the group."""
         await intake.stop()
 
-    async def settle(outcomes: list[Classified]) -> None:
-        """Produce a wave's records and wait for every ack; then its
+    async def settle(outcomes: list[Classified], out: list[Outbound]) -> None:
+        """Produce a wave's records (``out``) and wait for every ack; then its
         sessions and metrics."""
-        await deliver([r for c in outcomes for r in c.records], produce, settings)
+        await deliver(out, produce, settings)
         await lookups.remember(outcomes)
         _observe(outcomes)
 

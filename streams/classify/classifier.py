@@ -78,6 +78,8 @@ class SourceRecord:
     topic: str
     partition: int
     offset: int
+    headers: tuple[tuple[str, bytes], ...] = ()
+    """The record's headers (its ``traceparent``: ``streams.kafka.tracing``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from schemas.messages import (
     RoutedRequest,
 )
 from schemas.settings import Settings
+from streams.kafka.tracing import TRACEPARENT, child_header
 from workers.retry import ATTEMPT_HEADER, read_mark
 from workers.settle import answer_cache_key, give_up, reject_unreadable, settle_failures
 
@@ -188,3 +189,28 @@ def test_a_shadow_copy_is_never_parked_and_never_answers_a_client() -> None:
     (only,) = terminal_for(result, shadow, int(time.time() * 1000), SETTINGS)
     assert only.topic == SETTINGS.topic("shadow")
     assert InferenceResult.model_validate_json(only.value).version == "smol"
+
+
+def test_parked_and_given_up_records_carry_their_lane_records_traceparent() -> None:
+    down = BackendUnavailable("no path can serve heavy")
+    records = [
+        record(0, routed("park").model_dump_json().encode(), 1),
+        record(1, routed("last").model_dump_json().encode(), 3),
+    ]
+    answers = [
+        ((LANE_TOPIC, 0, 0, "park"), routed("park"), failed("park", down)),
+        ((LANE_TOPIC, 0, 1, "last"), routed("last"), failed("last", down)),
+    ]
+    traces = {(LANE_TOPIC, 0, i): child_header(r.headers) for i, r in enumerate(records)}
+    _, _, out = settle_failures(answers, records, SETTINGS, Lane.MEDIUM, traces=traces)
+
+    retried, event, dead = out
+    assert (retried.topic, event.topic, dead.topic) == (
+        "laneway.retry.medium",
+        "laneway.quality",
+        "laneway.dlq",
+    )
+    assert dict(retried.headers)[TRACEPARENT] == traces[LANE_TOPIC, 0, 0][1]
+    assert dict(event.headers)[TRACEPARENT] == traces[LANE_TOPIC, 0, 0][1]
+    assert dict(dead.headers)[TRACEPARENT] == traces[LANE_TOPIC, 0, 1][1]
+    assert read_mark(retried.headers).attempt == 2  # the retry mark is kept beside it
