@@ -103,13 +103,20 @@ async def test_export_train_report_and_the_router_learns(
     rows_file, artifact, out = tmp_path / "rows.jsonl", tmp_path / "router.json", tmp_path / "rep"
     boot = ["--bootstrap", settings.kafka.bootstrap, "distill"]
     window = ["--since", str(int(since * 1000)), "--until", str(int(until * 1000))]
-    assert await asyncio.to_thread(main, [*boot, "export", *window, "-o", str(rows_file)]) == 0
-    rows = [r for r in read_rows(rows_file) if r.id.startswith("distill-")]
     ids = {r.id for r in results}
+    # The feedback reaches the export through the quality loop, which may lag
+    # on a busy machine: export again (the same window) until it has come in.
+    for _ in range(15):
+        command = [*boot, "export", *window, "-o", str(rows_file)]
+        assert await asyncio.to_thread(main, command) == 0
+        rows = [r for r in read_rows(rows_file) if r.id.startswith("distill-")]
+        scored = sum(r.feedback is not None for r in rows)
+        if {r.id for r in rows} == ids and scored == len(GOOD + BAD):
+            break
+        await asyncio.sleep(2)
     # Requests shed before a model answered them (retried above) make no row.
     # Every row is one of these requests. In two clean-clone CI runs 2 of the
-    # 34 answered requests had no row (not yet explained: see the issue 10
-    # note); alone the test exported all of them.
+    # 34 answered requests had no row (exported once, before the retries above).
     assert {r.id for r in rows} <= ids, "a row for a request this test did not make"
     missing = ids - {r.id for r in rows}
     assert len(missing) <= len(ids) // 10, f"no row for {sorted(missing)}"
