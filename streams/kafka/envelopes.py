@@ -181,16 +181,7 @@ async def deliver(records: Sequence[Outbound], send: Send, settings: Settings) -
                 error = BackendUnavailable(
                     f"reply topic {record.topic!r} refused the result: {exc}"
                 )
-                pending.append(
-                    dlq_record(
-                        record.value,
-                        record.key,
-                        error,
-                        source_topic=record.topic,
-                        source_offset=-1,
-                        settings=settings,
-                    )
-                )
+                pending.append(_diverted(record, error, settings))
             else:
                 pending.append(record)
                 retrying = True
@@ -204,6 +195,18 @@ async def deliver(records: Sequence[Outbound], send: Send, settings: Settings) -
                 delay,
             )
             await asyncio.sleep(delay)
+
+
+def _diverted(record: Outbound, error: LanewayError, settings: Settings) -> Outbound:
+    """A record that was never produced, as its DLQ record (no source offset)."""
+    return dlq_record(
+        record.value,
+        record.key,
+        error,
+        source_topic=record.topic,
+        source_offset=-1,
+        settings=settings,
+    )
 
 
 def _is_reply(topic: str, replies: str) -> bool:
@@ -230,16 +233,7 @@ def refused_for_good(record: Outbound, exc: BaseException, settings: Settings) -
         )
     else:
         error = BackendUnavailable(f"laneway may not write to {record.topic}: {exc!r}")
-    out = [
-        dlq_record(
-            record.value,
-            record.key,
-            error,
-            source_topic=record.topic,
-            source_offset=-1,
-            settings=settings,
-        )
-    ]
+    out = [_diverted(record, error, settings)]
     try:
         routed = RoutedRequest.model_validate_json(record.value)
     except ValidationError:
