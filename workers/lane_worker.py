@@ -315,7 +315,11 @@ class LaneWorker:
         waiting = 0
         if assignment:
             ends = await self._consumer.end_offsets(assignment)
-            for tp, end in ends.items():
+            for tp, listed in ends.items():
+                # Tansu's listed end counts one record of the partition's
+                # last batch; the high-water mark of the last fetch counts
+                # them all. Either may be behind: take the larger.
+                end = max(listed, self._consumer.highwater(tp) or 0)
                 # Not position(): it also moves past records aiokafka prefetched
                 # into its buffer, which still wait for this worker.
                 start = self._next_offset.get(tp)

@@ -1,8 +1,8 @@
 """``laneway distill export``: a time window of traffic as training rows.
 
-Reads, each from the first offset at or after ``since`` (aiokafka
-``offsets_for_times``) up to the high-water mark it had when the export
-started:
+Reads, each from the offset the broker gives for a minute before ``since``
+(aiokafka ``offsets_for_times``; see ``_read_topic`` for why earlier) up to
+the high-water mark it had when the export started:
 
 - ``<p>.requests``: the prompt of every request produced in ``[since, until)``;
 - ``<p>.results``: their terminal results (answered model requests become rows);
@@ -47,6 +47,11 @@ __all__ = ["Collected", "ExportSummary", "Window", "collect", "export_rows", "jo
 log = logging.getLogger(__name__)
 
 _MODEL_PATHS = (Path.LIGHT.value, Path.HEAVY.value)
+
+START_MARGIN_MS = 60_000
+"""How much earlier than ``since`` the broker is asked for a start offset
+(see ``_read_topic``): clock skew between producers and the broker, and the
+broker's coarse time index, up to this much, lose no record."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,19 +262,29 @@ async def _read_topic(
     take: Callable[[int, bytes | None], None],
 ) -> int:
     """Feed ``take(ts_ms, value)`` every record of the partitions ``tps`` with
-    a timestamp in ``[since_ms, until_ms)``, from ``offsets_for_times(since_ms)``
-    up to the high-water mark read first. Returns how many records were read.
+    a timestamp in ``[since_ms, until_ms)``, from ``offsets_for_times`` of
+    ``since_ms - START_MARGIN_MS`` up to the high-water mark read first.
+    Returns how many records were read.
+
+    The margin is there because the offset a broker gives for a time is not
+    exact. Kafka indexes the records' own (producer) timestamps. Tansu's
+    memory store indexes when each batch arrived, one offset per
+    millisecond (a later batch in the same millisecond replaces an earlier
+    one), so its answer can be past the first record of the window, and a
+    producer whose clock runs ahead of the broker's writes records that it
+    places later still. Starting a minute early and filtering on the
+    record's timestamp reads each record of the window once.
 
     Tansu answers a time past its last record with offset 0 and timestamp -1
     (Kafka with none, which aiokafka gives as ``None``): both mean nothing
-    to read. Its offsets may also be a little early (the start of the batch
-    holding the time); the timestamp filter drops what is before the window."""
+    to read."""
     if not tps:
         return 0
     ends = await consumer.end_offsets(list(tps))
     starts: dict[TopicPartition, int | None]
     try:
-        found = await consumer.offsets_for_times({tp: since_ms for tp in tps})
+        lookup = max(0, since_ms - START_MARGIN_MS)
+        found = await consumer.offsets_for_times({tp: lookup for tp in tps})
         starts = {
             tp: None if found.get(tp) is None or found[tp].timestamp < 0 else found[tp].offset
             for tp in tps
@@ -293,20 +308,28 @@ async def _read_topic(
         assert start is not None
         consumer.seek(tp, start)
     read = 0
+
+    def feed(records: Sequence[Any]) -> None:
+        nonlocal read
+        for record in records:
+            read += 1
+            if since_ms <= record.timestamp < until_ms:
+                take(record.timestamp, record.value)
+
     while todo:
         batch = await consumer.getmany(*todo, timeout_ms=500, max_records=2000)
         for tp, records in batch.items():
-            end = todo.get(tp)
-            if end is None:
+            if tp not in todo:
                 continue
-            for record in records:
-                if record.offset >= end:
-                    break
-                read += 1
-                if since_ms <= record.timestamp < until_ms:
-                    take(record.timestamp, record.value)
-            if await consumer.position(tp) >= end:
+            # Every record fetched counts, also past the high-water mark read
+            # first: Tansu's memory store gives the base offset of the last
+            # batch plus one as its end (the batch's other records are not
+            # counted), and a fetch returns whole batches.
+            feed(records)
+            if await consumer.position(tp) >= todo[tp]:
                 del todo[tp]
+                # The rest of the batch holding the end, already fetched.
+                feed((await consumer.getmany(tp, timeout_ms=0)).get(tp, []))
         if not batch:  # nothing came back: re-check positions (compacted gaps, empty tails)
             for tp in list(todo):
                 if await consumer.position(tp) >= todo[tp]:
