@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
 from schemas.messages import Lane, Path, QualityEvent, RoutedRequest
-from schemas.settings import RedisSettings, RoutingSettings, Settings
+from schemas.settings import RateLimitSettings, RedisSettings, RoutingSettings, Settings
 from streams.cache.embedding import MiniLMEmbedder
 from streams.classify.batch import BatchClassifier, BatchLookups
 from streams.classify.classifier import SourceRecord
@@ -87,6 +87,9 @@ def settings(redis_url: str, prefix: str, tmp_path: FsPath, minilm: MiniLMEmbedd
     return Settings(
         redis=RedisSettings(url=redis_url, key_prefix=prefix, timeout_s=2),
         routing=RoutingSettings(exploration=0.0, learned_router_dir=routers),
+        # 120 requests of one tenant in well under a second would pass the
+        # default limit's burst of 100 on a fast run: this test is about routing.
+        ratelimit=RateLimitSettings(enabled=False),
     )
 
 
