@@ -11,9 +11,19 @@ from __future__ import annotations
 import json
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeGuard
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    ValidationError,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 
 from schemas.errors import ErrorCode, InvalidRequest, LanewayError
 
@@ -43,13 +53,108 @@ class Lane(StrEnum):
     BULK = "bulk"
 
 
-class Path(StrEnum):
-    """Ways to answer a request, fastest first."""
+class Path(str):
+    """A way to answer a request: ``cache`` and ``rules`` (answered in the
+    classifier), or a *model path*, named by the model registry
+    (``streams.classify.registry``): the built-in registry has ``light``
+    (SmolLM2-135M) and ``heavy`` (Gemma-3-270M), and a registry file may name
+    more (a third model is one more entry). On the wire a path is a string
+    of 1-32 lowercase letters, digits, ``_`` and ``-``, starting with a
+    letter.
 
-    CACHE = "cache"
-    RULES = "rules"
-    LIGHT = "light"
-    HEAVY = "heavy"
+    A ``str``: it compares, hashes and serialises as its name. Instances are
+    shared per name (``Path("light") is Path.LIGHT``) for the first
+    ``_SHARED_MAX`` names seen, so a stream of odd names cannot grow the table."""
+
+    __slots__ = ()
+
+    CACHE: ClassVar[Path]
+    RULES: ClassVar[Path]
+    LIGHT: ClassVar[Path]
+    """The built-in registry's cheap path (also the path a learned router
+    judges, and where flow control moves heavy work under load)."""
+    HEAVY: ClassVar[Path]
+    """The built-in registry's capable path."""
+
+    PATTERN: ClassVar[str] = r"^[a-z][a-z0-9_-]{0,31}$"
+    _SHARED: ClassVar[dict[str, Path]] = {}
+    _SHARED_MAX: ClassVar[int] = 256
+
+    def __new__(cls, name: str) -> Path:
+        shared = cls._SHARED.get(name)
+        if shared is not None:
+            return shared
+        if not isinstance(name, str) or _PATH_NAME.fullmatch(name) is None:
+            raise ValueError(
+                f"not a path name: {name!r} (1-32 of a-z, 0-9, _ and -, starting with a letter)"
+            )
+        made = super().__new__(cls, name)
+        if len(cls._SHARED) < cls._SHARED_MAX:
+            cls._SHARED[str(name)] = made
+        return made
+
+    @property
+    def value(self) -> str:
+        """The name as a plain ``str`` (as an enum member's ``value`` was)."""
+        return str.__str__(self)
+
+    @property
+    def is_model(self) -> bool:
+        """A model path (not ``cache`` or ``rules``): a worker's backend answers it."""
+        return self not in ("cache", "rules")
+
+    @classmethod
+    def valid(cls, name: object) -> TypeGuard[str]:
+        """``name`` is a path's name."""
+        return isinstance(name, str) and _PATH_NAME.fullmatch(name) is not None
+
+    @classmethod
+    def names_model(cls, name: object) -> TypeGuard[str]:
+        """``name`` is a model path's name (valid, and not cache or rules)."""
+        return cls.valid(name) and name not in ("cache", "rules")
+
+    def __repr__(self) -> str:
+        return f"Path({self.value!r})"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __reduce__(self) -> tuple[type[Path], tuple[str]]:
+        return (Path, (self.value,))
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            cls,
+            core_schema.str_schema(pattern=cls.PATTERN),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                str.__str__, return_schema=core_schema.str_schema()
+            ),
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        out = handler(schema)
+        out["description"] = (
+            "cache, rules, or a model path named by the model registry "
+            "(the built-in registry's are light and heavy)"
+        )
+        out["examples"] = ["cache", "rules", "light", "heavy"]
+        return out
+
+
+_PATH_NAME = re.compile(Path.PATTERN)
+Path.CACHE = Path("cache")
+Path.RULES = Path("rules")
+Path.LIGHT = Path("light")
+Path.HEAVY = Path("heavy")
 
 
 class WireModel(BaseModel):

@@ -207,10 +207,13 @@ class LaneSettings(BaseSettings):
     """Most requests run together in one batch."""
     max_wait_ms: int = Field(default=50, ge=0, le=60_000)
     """Longest a batch waits to fill after its first request arrives."""
-    paths: tuple[Literal["light", "heavy"], ...] = Field(default=("light", "heavy"), min_length=1)
+    paths: tuple[Path, ...] | None = Field(default=None, min_length=1)
     """The model paths this lane's workers load and serve (the rules path is
-    always served). The router sends a lane only the paths that a live
-    worker on it announces (``streams.stores.workerboard``)."""
+    always served), by their registry names. Unset: realtime the cheapest
+    path of the model registry (built-in: ``light``), bulk the most capable
+    (``heavy``), medium every path that serves the lane (both); see
+    ``streams.classify.registry.worker_paths``. The router sends a lane only
+    the paths that a live worker on it announces (``streams.stores.workerboard``)."""
     nice: int = Field(default=5, ge=0, le=19)
     """CPU priority of the lane's worker processes (``os.nice``): on a shared
     CPU the realtime worker (0) is scheduled ahead of medium (5) and bulk
@@ -225,7 +228,6 @@ class RealtimeLaneSettings(LaneSettings):
     """One small model: realtime answers come from the fast path."""
 
     model_config = _config("LANEWAY_REALTIME_")
-    paths: tuple[Literal["light", "heavy"], ...] = Field(default=("light",), min_length=1)
     nice: int = Field(default=0, ge=0, le=19)
     max_batch_size: int = Field(default=4, ge=1, le=1024)
     max_wait_ms: int = Field(default=10, ge=0, le=60_000)
@@ -241,7 +243,6 @@ class BulkLaneSettings(LaneSettings):
     """One capable model: bulk work is not in a hurry."""
 
     model_config = _config("LANEWAY_BULK_")
-    paths: tuple[Literal["light", "heavy"], ...] = Field(default=("heavy",), min_length=1)
     nice: int = Field(default=10, ge=0, le=19)
     max_batch_size: int = Field(default=32, ge=1, le=1024)
     max_wait_ms: int = Field(default=500, ge=0, le=60_000)
@@ -305,7 +306,7 @@ class RoutingSettings(BaseSettings):
     """Terminal results per path over which the success rate is counted."""
     feedback_weight: float = Field(default=0.5, ge=0, le=1)
     """How much a -1 feedback lowers a path's quality (a failed result counts 1)."""
-    force_path: Literal["light", "heavy"] | None = None
+    force_path: Path | None = None
     """Send every request to one model path, skipping cache, rules and the
     router (a single-path baseline; ``laneway bench`` compares against it)."""
     learned_router: FsPath | None = None
@@ -608,13 +609,6 @@ class Settings(BaseSettings):
 
     def lane(self, lane: Lane) -> LaneSettings:
         return {Lane.REALTIME: self.realtime, Lane.MEDIUM: self.medium, Lane.BULK: self.bulk}[lane]
-
-    def worker_paths(self, lane: Lane) -> tuple[Path, ...]:
-        """The model paths a worker on ``lane`` loads: its lane's, or only the
-        forced one when ``routing.force_path`` sends everything down one path."""
-        if self.routing.force_path is not None:
-            return (Path(self.routing.force_path),)
-        return tuple(Path(p) for p in self.lane(lane).paths)
 
     def topic(self, name: str) -> str:
         """Full topic name: ``topic("requests") == "laneway.requests"``."""

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 
 from schemas.errors import LanewayError
 from schemas.messages import ChatMessage, Path
-from schemas.settings import BackendSettings, Settings
+from schemas.settings import Settings
+from streams.classify.registry import ModelRegistry, load_registry
 from workers.backends import Backend, GenerationInput, create_backend, map_backend_exception
 
 __all__ = ["ModelCheck", "check_paths", "model_of", "probe", "run_check"]
@@ -47,13 +48,13 @@ class ModelCheck:
         return f"{self.path}={self.backend}:{self.model}"
 
 
-def model_of(settings: BackendSettings, path: Path) -> tuple[str, str]:
-    """``(backend kind, model)`` configured for ``path``."""
-    if path is Path.LIGHT:
-        return settings.light, settings.light_model
-    if path is Path.HEAVY:
-        return settings.heavy, settings.heavy_model
-    raise ValueError(f"{path} is not a model path")
+def model_of(registry: ModelRegistry, path: Path) -> tuple[str, str]:
+    """``(backend kind, model)`` of ``path``'s active version."""
+    entry = registry.for_path(path)
+    if entry is None:
+        known = [str(p) for p in registry.model_paths]
+        raise ValueError(f"{path} is not a model path of the registry: it has {known}")
+    return entry.backend, entry.name
 
 
 async def probe(backend: Backend, *, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
@@ -91,9 +92,10 @@ async def check_paths(
     """Check each of ``paths``, one after another: a backend in ``loaded``
     is probed as it is (and left open); any other is created, loaded,
     probed and closed. Never raises for a failing model: its check says why."""
+    registry = load_registry(settings.routing.models_file, settings.backend)
     checks = []
     for path in paths:
-        kind, model = model_of(settings.backend, path)
+        kind, model = model_of(registry, path)
         started = time.monotonic()
         given = (loaded or {}).get(path)
         backend: Backend | None = given
@@ -118,8 +120,15 @@ async def check_paths(
 
 
 def run_check(settings: Settings, paths: Sequence[str] | None, *, as_json: bool = False) -> int:
-    """``laneway check``: 0 when every model answered, else 1."""
-    chosen = [Path(p) for p in paths] if paths else [Path.LIGHT, Path.HEAVY]
+    """``laneway check``: 0 when every model answered, else 1; ``paths``:
+    the model paths to check (``None``: every path of the registry)."""
+    registry = load_registry(settings.routing.models_file, settings.backend)
+    chosen = [Path(p) for p in paths] if paths else list(registry.model_paths)
+    unknown = [str(p) for p in chosen if registry.for_path(p) is None]
+    if unknown:
+        known = [str(p) for p in registry.model_paths]
+        print(f"laneway check: no model path {unknown} in the registry: it has {known}")
+        return 2
     checks = asyncio.run(check_paths(settings, chosen))
     failed = [c for c in checks if not c.ok]
     if as_json:

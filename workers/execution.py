@@ -31,7 +31,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
@@ -60,10 +60,10 @@ from workers.breaker import CircuitBreaker
 
 __all__ = [
     "BREAKER_STATE",
-    "FALLBACK",
     "BackendSlot",
     "Executor",
     "Failure",
+    "Fallbacks",
     "SlotKey",
     "backend_slots",
     "version_slots",
@@ -154,19 +154,22 @@ SlotKey = tuple[Path, str]
 
 def backend_slots(
     settings: BackendSettings,
-    paths: Iterable[Path] = (Path.LIGHT, Path.HEAVY),
+    paths: Iterable[Path] | None = None,
     registry: ModelRegistry | None = None,
 ) -> dict[Path, BackendSlot]:
-    """The backend of the active version of each of ``paths`` in
-    ``registry`` (the built-in one, from ``settings``' light and heavy
-    models, when ``None``), and of ``rules``: a worker loads only the models
-    of the paths it serves. ``version_slots`` adds the other versions."""
+    """The backend of the active version of each of ``paths`` (``None``:
+    every model path) in ``registry`` (the built-in one, from ``settings``'
+    light and heavy models, when ``None``), and of ``rules``: a worker loads
+    only the models of the paths it serves. ``version_slots`` adds the other
+    versions. A path the registry does not name is an error, not a silence."""
     registry = registry or builtin_registry(settings)
     slots: dict[Path, BackendSlot] = {}
-    for path in paths:
+    for path in registry.model_paths if paths is None else paths:
         entry = registry.for_path(path)
-        if entry is not None and path in (Path.LIGHT, Path.HEAVY):
-            slots[path] = _slot(settings, path, entry)
+        if entry is None:
+            known = [str(p) for p in registry.model_paths]
+            raise ValueError(f"no model path {path!s} in the registry: it has {known}")
+        slots[path] = _slot(settings, path, entry)
     slots[Path.RULES] = _slot(settings, Path.RULES, None)
     return slots
 
@@ -208,13 +211,9 @@ def _slot(settings: BackendSettings, path: Path, entry: ModelEntry | None) -> Ba
     )
 
 
-FALLBACK: dict[Path, tuple[Path, ...]] = {
-    Path.HEAVY: (Path.LIGHT,),
-    Path.LIGHT: (Path.HEAVY,),
-    Path.RULES: (),
-    Path.CACHE: (),
-}
-"""Where a path's requests go when its backend cannot serve them."""
+Fallbacks = Mapping[Path, Sequence[Path]]
+"""Where a path's requests go when its backend cannot serve them, in order
+(``ModelRegistry.fallbacks``); a path not listed goes nowhere."""
 
 
 def _backend_failed(outcome: Generation | LanewayError) -> TypeGuard[LanewayError]:
@@ -257,6 +256,7 @@ class Executor:
         slots: dict[Path, BackendSlot],
         system_prompt: str = "",
         versions: dict[SlotKey, BackendSlot] | None = None,
+        fallbacks: Fallbacks | None = None,
     ) -> None:
         self.lane = lane
         self.slots = slots
@@ -264,6 +264,13 @@ class Executor:
         self.versions = versions or {}
         """Every other loaded version (canaries, shadows), by path and version."""
         self.system_prompt = system_prompt
+        self.fallbacks: Fallbacks = (
+            fallbacks
+            if fallbacks is not None
+            else {Path.LIGHT: (Path.HEAVY,), Path.HEAVY: (Path.LIGHT,)}
+        )
+        """Where a path's requests go when it cannot serve them (by default
+        the built-in registry's: light -> heavy, heavy -> light)."""
 
     def all_slots(self) -> list[tuple[Path, BackendSlot]]:
         """Every slot with its path: the active ones first."""
@@ -307,7 +314,7 @@ class Executor:
         tried: list[tuple[Path, str | None, BackendSlot | None]] = []
         if version is not None:
             tried.append((path, version, self.versions.get((path, version))))
-        for candidate in (path, *FALLBACK[path]):
+        for candidate in (path, *self.fallbacks.get(path, ())):
             slot = self.slots.get(candidate)
             tried.append((candidate, slot.version if slot else None, slot))
         return tried[:1] if shadow else tried

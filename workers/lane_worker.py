@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
-from streams.classify.registry import load_registry
+from streams.classify.registry import load_registry, worker_paths
 from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.tracing import Traces, child_header, traced
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
@@ -109,12 +109,13 @@ class LaneWorker:
         self.state = state or ProcessState()
         if executor is None:
             registry = load_registry(settings.routing.models_file, settings.backend)
-            paths = settings.worker_paths(lane)
+            paths = worker_paths(settings, lane, registry)
             executor = Executor(
                 lane,
                 backend_slots(settings.backend, paths, registry),
                 settings.backend.system_prompt,
                 version_slots(settings.backend, registry, paths),
+                {path: registry.fallbacks(path) for path in registry.model_paths},
             )
         self.executor = executor
         self.store = store

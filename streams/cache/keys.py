@@ -13,11 +13,10 @@ import re
 import unicodedata
 from collections.abc import Iterable
 
-from schemas.messages import InferenceRequest, InferenceResult, Path
+from schemas.messages import InferenceRequest, InferenceResult
 from schemas.settings import CacheSettings
 
 __all__ = [
-    "MODEL_PATHS",
     "cache_control",
     "cache_key",
     "cache_scope",
@@ -32,8 +31,6 @@ _TRAILING = " \t\r\n.?!,;:\u2026\u3002\u3001"
 """Trailing characters that do not change what is asked (full-width ? and !
 are plain ones after NFKC)."""
 
-MODEL_PATHS = frozenset({Path.LIGHT, Path.HEAVY})
-"""The paths whose answers may be stored and replayed."""
 _KEY_VERSION = "v1"
 """Bumped when normalisation changes, so old entries are simply never found."""
 
@@ -184,6 +181,9 @@ def store_refusal(request: InferenceRequest, result: InferenceResult) -> str | N
         (request.temperature != 0, "sampled (temperature > 0)"),
         (not (result.output or "").strip(), "empty output"),
         (result.degraded, "degraded answer"),
-        (result.path not in MODEL_PATHS, f"path {result.path} is not a model path"),
+        (
+            result.path is None or not result.path.is_model,
+            f"path {result.path} is not a model path",
+        ),
     )
     return next((why for refused, why in reasons if refused), None)

@@ -30,7 +30,6 @@ from typing import Any
 from schemas.messages import InferenceResult, Lane
 from schemas.settings import Settings
 from streams.cache.hot_questions import HotQuestion, day_of, rank, read_days
-from streams.cache.keys import MODEL_PATHS
 from streams.client import LanewayClient
 
 __all__ = ["PrewarmReport", "format_report", "prewarm"]
@@ -182,7 +181,7 @@ def _tally(
             report.failed["timeout" if isinstance(result, TimeoutError) else "client"] += 1
         elif result.error is not None:
             report.failed[result.error.code] += 1
-        elif result.path in MODEL_PATHS:
+        elif result.path is not None and result.path.is_model:
             answered.append(hot)
         else:
             report.by_rules += 1

@@ -55,7 +55,6 @@ from schemas.messages import InferenceRequest, InferenceResult, Path
 from schemas.settings import CacheSettings
 from streams.cache.embedding import Embedder
 from streams.cache.keys import (
-    MODEL_PATHS,
     cache_control,
     cache_key,
     cache_scope,
@@ -223,7 +222,7 @@ def _hit_of(
     or not a model path's answer)."""
     output, model, path = row
     text, path_name = _text(output), _text(path)
-    if not text or path_name not in {p.value for p in MODEL_PATHS}:
+    if not text or not Path.names_model(path_name):
         return None
     return CacheHit(
         output=text,

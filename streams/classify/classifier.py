@@ -169,7 +169,8 @@ def route(
         records = _terminal(answer, admitted, now_ms, settings, cache_key=hit_key)
         return Classified("answered", records, answer, request, reply_to, decision)
 
-    adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms, full)
+    cheapest = router.registry.cheapest(decision.lane)
+    adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms, full, cheapest)
     if isinstance(adjusted, Shed):
         shed = RateLimited(adjusted.reason, retry_after_ms=adjusted.retry_after_ms)
         result = InferenceResult.failure(

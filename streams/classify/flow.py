@@ -7,6 +7,9 @@ lane topics). Levels, each keeping what the one below it does:
     1  heavy -> light for work below the complex class (no code, maths, long prompts)
     2  bulk intake paused: new bulk requests get INF-429 with retry_after_ms
     3  realtime keeps rules / light only: every heavy request there goes light
+
+"light" is the lane's cheapest model path in the registry (``cheapest``;
+built-in: ``light``), "heavy" any other model path.
 Apart from the levels, a realtime lane with more than
 ``realtime_max_backlog`` requests waiting refuses new model requests at once
 (INF-429 with a short retry time): a realtime answer that comes after its
@@ -84,12 +87,17 @@ def realtime_full(waiting: int, flow: FlowSettings) -> LaneFull | None:
 
 
 def apply_level(
-    decision: Decision, level: int, retry_after_ms: int, full: LaneFull | None = None
+    decision: Decision,
+    level: int,
+    retry_after_ms: int,
+    full: LaneFull | None = None,
+    cheapest: Path = Path.LIGHT,
 ) -> Decision | Shed:
     """The policy's decision as the current level allows it. A path changed
-    here keeps the chosen one in ``requested_path`` (the answer says degraded).
-    ``full``: the realtime lane, when it has more waiting than it can answer
-    in time; a model request for it is refused with a short retry hint."""
+    here (to ``cheapest``, the lane's cheapest model path) keeps the chosen
+    one in ``requested_path`` (the answer says degraded). ``full``: the
+    realtime lane, when it has more waiting than it can answer in time; a
+    model request for it is refused with a short retry hint."""
     if full is not None and decision.lane is full.lane and not decision.forced:
         return Shed(
             f"{full.lane} lane full ({full.waiting} requests waiting); retry shortly",
@@ -97,9 +105,9 @@ def apply_level(
         )
     if level >= 2 and decision.lane is Lane.BULK:
         return Shed(f"bulk intake paused (load level {level})", retry_after_ms)
-    if decision.path is not Path.HEAVY or decision.forced:
+    if not decision.path.is_model or decision.path == cheapest or decision.forced:
         return decision
     everything = level >= 3 and decision.lane is Lane.REALTIME
     if everything or (level >= 1 and decision.complexity < Complexity.COMPLEX):
-        return replace(decision, path=Path.LIGHT, requested_path=Path.HEAVY)
+        return replace(decision, path=cheapest, requested_path=decision.path)
     return decision

@@ -44,10 +44,17 @@ from pathlib import Path as FsPath
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from schemas.messages import Lane, Path
-from schemas.settings import BackendSettings
+from schemas.settings import BackendSettings, Settings
 from streams.classify.features import Complexity
 
 __all__ = [
@@ -57,6 +64,7 @@ __all__ = [
     "VersionState",
     "builtin_registry",
     "load_registry",
+    "worker_paths",
 ]
 
 VersionState = Literal["active", "canary", "shadow", "retired"]
@@ -72,7 +80,10 @@ class ModelEntry(BaseModel):
     name: str
     version: str = "1"
     backend: Literal["llamacpp", "openai", "vllm", "rules"]
-    path: Literal["light", "heavy"]
+    path: Path
+    """The model path this entry is a version of: ``light`` and ``heavy`` in
+    the built-in registry, or any other name (``Path``'s rules; ``cache`` and
+    ``rules`` are taken): a third model is a third path."""
     lanes: tuple[Lane, ...] = (Lane.REALTIME, Lane.MEDIUM, Lane.BULK)
     max_complexity: Literal["simple", "moderate", "complex"] = "complex"
     cost_per_1k_tokens: float = Field(default=0.0, ge=0)
@@ -81,6 +92,11 @@ class ModelEntry(BaseModel):
     context (else ``LANEWAY_BACKEND_LLAMACPP_MAX_SEQUENCES``), vLLM's
     ``max_num_seqs`` (else ``LANEWAY_BACKEND_VLLM_MAX_NUM_SEQS``, else vLLM's
     default); an OpenAI-compatible server sets its own."""
+    fallback: tuple[Path, ...] | None = None
+    """Where the path's requests go when none of its versions can serve them
+    (backend down, circuit open), in order; read from the active version.
+    Unset: every other model path, nearest in capability first (the built-in
+    registry: light -> heavy, heavy -> light); ``[]``: nowhere (INF-502)."""
     expected_latency_ms: float = Field(default=1_000.0, gt=0)
     """Latency the router assumes before the quality loop has measured any."""
     state: VersionState = "active"
@@ -98,9 +114,18 @@ class ModelEntry(BaseModel):
             return 1.0 if self.share is None else self.share
         return 1.0 if self.state == "active" else 0.0
 
+    @field_validator("path")
+    @classmethod
+    def _a_model_path(cls, path: Path) -> Path:
+        if not path.is_model:
+            raise ValueError(
+                f"{path!s} is not a model path: cache and rules are answered in the classifier"
+            )
+        return path
+
     @property
     def model_path(self) -> Path:
-        return Path(self.path)
+        return self.path
 
     @property
     def capability(self) -> Complexity:
@@ -116,7 +141,8 @@ class ModelRegistry(BaseModel):
     def _one_active_per_path(self) -> ModelRegistry:
         if not self.models:
             raise ValueError("the registry lists no models")
-        for path in dict.fromkeys(m.path for m in self.models):
+        paths = dict.fromkeys(m.path for m in self.models)
+        for path in paths:
             versions = [m.version for m in self.models if m.path == path]
             if len(set(versions)) != len(versions):
                 raise ValueError(f"path {path}: versions must be unique, got {versions}")
@@ -126,7 +152,19 @@ class ModelRegistry(BaseModel):
                     f"path {path}: exactly one active version, got {len(active)} {active} "
                     f"of versions {versions}"
                 )
+        for m in self.models:
+            unknown = [str(p) for p in m.fallback or () if p not in paths or p == m.path]
+            if unknown:
+                raise ValueError(
+                    f"path {m.path} version {m.version}: fallback {unknown} is not another "
+                    f"path of the registry {[str(p) for p in paths]}"
+                )
         return self
+
+    @property
+    def model_paths(self) -> tuple[Path, ...]:
+        """Every model path, in file order."""
+        return tuple(dict.fromkeys(m.model_path for m in self.models))
 
     @property
     def active_models(self) -> tuple[ModelEntry, ...]:
@@ -135,11 +173,41 @@ class ModelRegistry(BaseModel):
 
     def for_path(self, path: Path) -> ModelEntry | None:
         """The path's active version."""
-        return next((m for m in self.active_models if m.path == path.value), None)
+        return next((m for m in self.active_models if m.path == path), None)
 
     def versions(self, path: Path) -> tuple[ModelEntry, ...]:
         """Every version of ``path``, in file order."""
-        return tuple(m for m in self.models if m.path == path.value)
+        return tuple(m for m in self.models if m.path == path)
+
+    def fallbacks(self, path: Path) -> tuple[Path, ...]:
+        """Where ``path``'s requests go when it cannot serve them, in order:
+        its active version's ``fallback``, else every other model path,
+        nearest in capability first (the more capable on a tie)."""
+        entry = self.for_path(path)
+        if entry is None:
+            return ()
+        if entry.fallback is not None:
+            return entry.fallback
+        others = [m for m in self.active_models if m.path != path]
+        others.sort(key=lambda m: (abs(m.capability - entry.capability), -m.capability))
+        return tuple(m.model_path for m in others)
+
+    def serving(self, lane: Lane) -> list[ModelEntry]:
+        """The active versions whose ``lanes`` list ``lane`` (all of them
+        when none does)."""
+        models = self.active_models
+        return [m for m in models if lane in m.lanes] or list(models)
+
+    def cheapest(self, lane: Lane) -> Path:
+        """The model path serving ``lane`` that costs least per token (the
+        less capable on a tie): the realtime workers' default, and where
+        flow control moves work off a dearer path under load."""
+        return min(self.serving(lane), key=lambda m: (m.cost_per_1k_tokens, m.capability)).path
+
+    def most_capable(self, lane: Lane) -> Path:
+        """The most capable model path serving ``lane`` (the cheaper on a
+        tie): the bulk workers' default."""
+        return max(self.serving(lane), key=lambda m: (m.capability, -m.cost_per_1k_tokens)).path
 
     def version(self, path: Path, version: str) -> ModelEntry | None:
         return next((m for m in self.versions(path) if m.version == version), None)
@@ -148,10 +216,35 @@ class ModelRegistry(BaseModel):
         """Active models capable of ``complexity`` that serve ``lane``; when
         none is, the most capable model serving the lane (an answer from a
         smaller model beats none)."""
-        models = self.active_models
-        serving = [m for m in models if lane in m.lanes] or list(models)
+        serving = self.serving(lane)
         capable = [m for m in serving if m.capability >= complexity]
         return capable or [max(serving, key=lambda m: m.capability)]
+
+
+def worker_paths(settings: Settings, lane: Lane, registry: ModelRegistry) -> tuple[Path, ...]:
+    """The model paths a worker on ``lane`` loads: only the forced one when
+    ``routing.force_path`` sends everything down one path; else its lane's
+    ``paths``; unset, the registry's paths that serve the lane (all of
+    them when none does): realtime the cheapest, bulk the most capable,
+    medium every one. A path the registry does not name is a ``RegistryError``."""
+    if settings.routing.force_path is not None:
+        chosen: tuple[Path, ...] = (settings.routing.force_path,)
+    elif settings.lane(lane).paths is not None:
+        chosen = tuple(settings.lane(lane).paths or ())
+    elif lane is Lane.REALTIME:
+        chosen = (registry.cheapest(lane),)
+    elif lane is Lane.BULK:
+        chosen = (registry.most_capable(lane),)
+    else:
+        chosen = tuple(m.path for m in registry.serving(lane))
+    unknown = [p for p in chosen if registry.for_path(p) is None]
+    if unknown:
+        raise RegistryError(
+            f"{lane} workers are to serve {[str(p) for p in unknown]}, which the model "
+            f"registry does not name: it has {[str(p) for p in registry.model_paths]} "
+            f"(LANEWAY_{lane.value.upper()}_PATHS, LANEWAY_ROUTING_FORCE_PATH)"
+        )
+    return chosen
 
 
 def builtin_registry(backend: BackendSettings) -> ModelRegistry:
@@ -163,7 +256,7 @@ def builtin_registry(backend: BackendSettings) -> ModelRegistry:
                 name=backend.light_model,
                 version="q4_1",
                 backend=backend.light,
-                path="light",
+                path=Path.LIGHT,
                 max_complexity="simple",
                 cost_per_1k_tokens=0.0002,
                 expected_latency_ms=800,
@@ -172,7 +265,7 @@ def builtin_registry(backend: BackendSettings) -> ModelRegistry:
                 name=backend.heavy_model,
                 version="q4_k_m",
                 backend=backend.heavy,
-                path="heavy",
+                path=Path.HEAVY,
                 max_complexity="complex",
                 cost_per_1k_tokens=0.0010,
                 expected_latency_ms=2_000,

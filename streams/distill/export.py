@@ -46,8 +46,6 @@ __all__ = ["Collected", "ExportSummary", "Window", "collect", "export_rows", "jo
 
 log = logging.getLogger(__name__)
 
-_MODEL_PATHS = (Path.LIGHT.value, Path.HEAVY.value)
-
 START_MARGIN_MS = 60_000
 """How much earlier than ``since`` the broker is asked for a start offset
 (see ``_read_topic``): clock skew between producers and the broker, and the
@@ -138,7 +136,7 @@ class Collected:
         rid, path, output = result.get("id"), result.get("path"), result.get("output")
         if result.get("status", "ok") != "ok":
             return
-        if isinstance(rid, str) and path in _MODEL_PATHS and isinstance(output, str):
+        if isinstance(rid, str) and Path.names_model(path) and isinstance(output, str):
             self.shadows[rid].append((path, output))
 
 
@@ -199,7 +197,7 @@ def join_rows(
             summary.unanswered += 1
             continue
         path = result.path.value if result.path is not None else None
-        if path not in _MODEL_PATHS:
+        if not Path.names_model(path):
             summary.answered_elsewhere += 1
             continue
         text = request.user_text()
@@ -248,7 +246,7 @@ def join_rows(
     summary.orphan_results = sum(
         1
         for rid, result in collected.results.items()
-        if rid not in answered_ids and result.path is not None and result.path.value in _MODEL_PATHS
+        if rid not in answered_ids and result.path is not None and result.path.is_model
     )
     summary.rows = len(rows)
     return rows, summary

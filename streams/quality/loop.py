@@ -368,6 +368,10 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
     return app
 
 
+_BARE_PATHS = ("cache", "rules", "light", "heavy")
+"""The paths there were when an answer was kept as its bare path name."""
+
+
 @dataclass(frozen=True, slots=True)
 class Answered:
     """What feedback on an answer is joined to: the path that gave it and
@@ -393,7 +397,7 @@ class Answered:
         """Also reads the bare path name kept before cache keys were."""
         text = raw.decode() if isinstance(raw, bytes) else raw
         try:
-            if text in {p.value for p in Path}:
+            if text in _BARE_PATHS:
                 return cls(Path(text))
             data = json.loads(text)
             key = data.get("cache_key")

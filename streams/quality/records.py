@@ -207,7 +207,7 @@ def merge_all(fields: dict[str, PartStats], window: int, alpha: float) -> dict[P
     by_path: dict[Path, list[PartStats]] = {}
     for name, part in fields.items():
         path_name, _, partition = name.partition("@")
-        if not partition or path_name not in {p.value for p in Path}:
+        if not partition or not Path.valid(path_name):
             continue
         by_path.setdefault(Path(path_name), []).append(part)
     return {path: merge(parts, window, alpha) for path, parts in by_path.items()}
@@ -225,7 +225,7 @@ def merge_versions(
     for name, part in fields.items():
         head, _, partition = name.rpartition("@")
         path_name, sep, version = head.partition(VERSION_SEP)
-        if not partition or not sep or path_name not in {p.value for p in Path}:
+        if not partition or not sep or not Path.valid(path_name):
             continue
         by_version.setdefault((Path(path_name), version), []).append(part)
     return {

@@ -112,7 +112,7 @@ class RolloutView:
 
     def version_for(self, request: InferenceRequest, path: Path, lane: Lane) -> str | None:
         """The version of ``path`` that answers ``request`` on ``lane``."""
-        if path not in (Path.LIGHT, Path.HEAVY):
+        if not path.is_model:
             return None
         served = None
         if self.served is not None:
@@ -122,7 +122,7 @@ class RolloutView:
     def shadows_for(self, request: InferenceRequest, path: Path) -> list[tuple[str, Lane]]:
         """The shadow versions of ``path`` that get a copy of ``request``,
         each with the lane it rides; a shadow no live worker serves gets none."""
-        if path not in (Path.LIGHT, Path.HEAVY):
+        if not path.is_model:
             return []
         out = []
         # Sampled per request, not per conversation: a share of the traffic.

@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-from schemas.messages import InferenceResult, Path
+from schemas.messages import InferenceResult
 
 __all__ = ["ShadowReport", "aggregate", "format_reports", "pair"]
 
@@ -52,7 +52,7 @@ def pair(
     model answer to the same request on the same path, if there is one."""
     live: dict[str, InferenceResult] = {}
     for result in results:
-        if result.path in (Path.LIGHT, Path.HEAVY) and result.id not in live:
+        if result.path is not None and result.path.is_model and result.id not in live:
             live[result.id] = result
     seen: set[tuple[str, str | None]] = set()
     out = []

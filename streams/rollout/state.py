@@ -241,8 +241,7 @@ class RolloutStore:
         fields = await self.read_kind(MODEL_KIND)
         if fields is None:
             return None
-        paths = {p.value for p in Path}
-        return {(Path(s), v): live for (s, v), live in fields.items() if s in paths}
+        return {(Path(s), v): live for (s, v), live in fields.items() if Path.valid(s)}
 
     async def read_kind(self, kind: str) -> dict[tuple[str, str], VersionRollout] | None:
         """Every live state of ``kind`` by (subject, version): the same hash

@@ -124,7 +124,7 @@ async def _through_kafka(
 
 def run_pipeline_bench(settings: Settings, args: argparse.Namespace) -> int:
     path = MODELS[args.path]
-    model = settings.backend.heavy_model if path is Path.HEAVY else settings.backend.light_model
+    model = settings.backend.heavy_model if path == Path.HEAVY else settings.backend.light_model
     batch = args.pipeline_batch
     prompts = bench_prompts(args.requests)
     direct = asyncio.run(

@@ -165,7 +165,9 @@ def _parser() -> argparse.ArgumentParser:
 
     add_models_parser(sub)
     check = sub.add_parser("check", help="load every configured model and run one inference each")
-    check.add_argument("--path", action="append", choices=["light", "heavy"], help="default: both")
+    check.add_argument(
+        "--path", action="append", help="a model path to check (repeatable); default: every path"
+    )
     check.add_argument("--json", action="store_true")
     return parser
 

@@ -202,7 +202,7 @@ def snapshot(
     routed = newer.values("laneway_results_total", "path")
     answered = sum(routed.values())
     paths = []
-    for path in Path:
+    for path in _paths_shown(stats, routed, workers):
         live = stats.get(path)
         states = [
             v
@@ -253,3 +253,16 @@ def _difference(older: Scrape | None, newer: Scrape, name: str, **match: str) ->
         if d_count > 0:
             return d_total / d_count
     return total / count if count else None
+
+
+def _paths_shown(
+    stats: Mapping[Path, PathStats],
+    routed: Mapping[str, float],
+    workers: Sequence[WorkerCard] | None,
+) -> list[Path]:
+    """Cache, rules and the built-in model paths, then every other path the
+    statistics, the results or the workers name (a registry's own paths)."""
+    named = {*stats, *(n for n in routed if Path.valid(n))}
+    named |= {p.path for card in workers or () for p in card.paths}
+    first = [Path.CACHE, Path.RULES, Path.LIGHT, Path.HEAVY]
+    return first + sorted(Path(n) for n in named if n not in first)

@@ -23,7 +23,7 @@ def test_the_bare_path_kept_before_cache_keys_still_joins() -> None:
 
 
 def test_unreadable_records_join_nothing() -> None:
-    for raw in (b"", b"garbage", b'{"path": "nope"}', b"[1]", b'{"cache_key": "k"}'):
+    for raw in (b"", b"garbage", b'{"path": "No pe"}', b"[1]", b'{"cache_key": "k"}'):
         assert Answered.from_json(raw) is None
 
 
@@ -114,5 +114,5 @@ def test_parts_round_trip_and_unknown_fields_are_left_out() -> None:
     assert PartStats.from_json(part.to_json()) == part
     older = json.dumps(json.loads(stats.to_json()))  # a record kept before times were
     assert PartStats.from_json(older).ts_ms == [7, 7]
-    merged = merge_all({"light@0": part, "light@3": part, "heavy": part, "nope@1": part}, 50, 0.2)
+    merged = merge_all({"light@0": part, "light@3": part, "heavy": part, "No pe@1": part}, 50, 0.2)
     assert list(merged) == [Path.LIGHT] and merged[Path.LIGHT].outcomes == [1, 1, 0, 0]
