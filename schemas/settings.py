@@ -35,6 +35,7 @@ __all__ = [
     "SessionSettings",
     "Settings",
     "TenantLimit",
+    "TracingSettings",
 ]
 
 
@@ -556,6 +557,43 @@ class BatchSettings(BaseSettings):
     """How often the tracker settles open jobs (completion, expiry)."""
 
 
+class TracingSettings(BaseSettings):
+    """Export of laneway's trace spans over OTLP/HTTP (``streams.kafka.otlp``):
+    off, nothing recorded, unless an endpoint is configured."""
+
+    model_config = _config("LANEWAY_TRACING_")
+
+    otlp_endpoint: str | None = None
+    """Base URL of an OTLP/HTTP collector (``http://collector:4318``); spans
+    are POSTed to ``<it>/v1/traces``. Unset: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
+    (the full URL), else ``OTEL_EXPORTER_OTLP_ENDPOINT`` (``/v1/traces`` added)."""
+    otel_traces_endpoint: str | None = Field(
+        default=None, validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    )
+    otel_endpoint: str | None = Field(default=None, validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT")
+    service_name: str = "laneway"
+    """Stem of each process's ``service.name``: ``laneway-classifier``,
+    ``laneway-worker-realtime``, ..."""
+    queue_size: int = Field(default=2048, ge=1)
+    """Spans waiting for export at most; more are dropped (and counted)."""
+    flush_interval_s: float = Field(default=1.0, gt=0)
+    """How often queued spans are sent (at once when 512 wait)."""
+    export_timeout_s: float = Field(default=3.0, gt=0)
+    """Longest one export may take; also the bound of the last flush at shutdown."""
+
+    @property
+    def traces_url(self) -> str | None:
+        """Where spans are POSTed, ``None``: not exported."""
+        if self.otlp_endpoint:
+            base = self.otlp_endpoint.rstrip("/")
+            return base if base.endswith("/v1/traces") else f"{base}/v1/traces"
+        if self.otel_traces_endpoint:
+            return self.otel_traces_endpoint
+        if self.otel_endpoint:
+            return f"{self.otel_endpoint.rstrip('/')}/v1/traces"
+        return None
+
+
 class Settings(BaseSettings):
     """Everything one laneway process needs."""
 
@@ -597,6 +635,7 @@ class Settings(BaseSettings):
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     flow: FlowSettings = Field(default_factory=FlowSettings)
     backend: BackendSettings = Field(default_factory=BackendSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     realtime: LaneSettings = Field(default_factory=RealtimeLaneSettings)
     medium: LaneSettings = Field(default_factory=MediumLaneSettings)
     bulk: LaneSettings = Field(default_factory=BulkLaneSettings)

@@ -38,7 +38,9 @@ from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.classify.registry import load_registry, worker_paths
 from streams.kafka.envelopes import Outbound, deliver
-from streams.kafka.tracing import Traces, child_header, traced
+from streams.kafka.otlp import exporter_for
+from streams.kafka.spans import handled_records, lane_outcomes
+from streams.kafka.tracing import Traces, child_trace, header, traced
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.stores.backlog import BacklogBoard
 from streams.stores.sessions import context_digest
@@ -137,6 +139,9 @@ class LaneWorker:
         assignment, then kept by this worker's own commits."""
         self.relay: RetryRelay | None = None
         self.topic = settings.lane_topic(lane)
+        self.group = f"{settings.app_id}.worker.{lane}"
+        self.spans = exporter_for(settings.tracing, f"worker-{lane}")
+        """Exports a span per lane record settled (``None``: no OTLP endpoint)."""
         self._stopping = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -150,7 +155,7 @@ class LaneWorker:
             **{**options, "request_timeout_ms": self.settings.kafka.produce_timeout_ms},
         )
         self._consumer = AIOKafkaConsumer(
-            group_id=f"{self.settings.app_id}.worker.{self.lane}",
+            group_id=self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_interval_ms=600_000,
@@ -365,12 +370,12 @@ class LaneWorker:
         """Run one batch, produce its results (or park what no backend could
         serve on the retry topic), keep them, then commit once ``after``
         (the batch taken before this one) has committed."""
+        taken_ns = time.time_ns()
         outbound: list[Outbound] = []
         batch: list[tuple[RecordKey, RoutedRequest]] = []
         # Every record produced for a lane record carries a child of its traceparent.
-        traces: Traces = {
-            (r.topic, r.partition, r.offset): child_header(r.headers) for r in records
-        }
+        contexts = {(r.topic, r.partition, r.offset): child_trace(r.headers) for r in records}
+        traces: Traces = {coords: header(own) for coords, (_, own) in contexts.items()}
         for record in records:
             try:
                 routed = RoutedRequest.model_validate_json(record.value or b"")
@@ -421,6 +426,11 @@ class LaneWorker:
         if self.store is not None:
             await self.store.put_many([(key, result) for key, _, result in answers])
         await self._produce(outbound)
+        if self.spans is not None:  # one span per lane record (streams.kafka.otlp)
+            results = [(key, result) for key, _, result in answers + replayed]
+            ends = lane_outcomes(batch, results, [*parked, *parked_before])
+            spans = handled_records(records, contexts, ends)
+            self.spans.processed(spans, group=self.group, start_ns=taken_ns)
         if self.store is not None:
             # Only once the retry records are acknowledged: a crash before this
             # parks them again on redelivery, a duplicate rather than a loss.
@@ -579,6 +589,8 @@ class LaneWorker:
         await self.executor.close()
         if self.store is not None:
             await self.store.close()
+        if self.spans is not None:
+            await self.spans.aclose()  # what is queued, within the export timeout
 
 
 def _path_card(path: Path, slot: BackendSlot) -> PathCard:

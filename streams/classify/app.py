@@ -59,7 +59,9 @@ from streams.kafka.batches import BatchSend
 from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.faust_transport import new_app, raw_sender
 from streams.kafka.intake import Intake, Taken
-from streams.kafka.tracing import child_header, traced
+from streams.kafka.otlp import exporter_for
+from streams.kafka.spans import Handled, classified_outcome
+from streams.kafka.tracing import child_trace, header, traced
 from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
 from streams.rollout.board import RolloutBoard
 from streams.rollout.routers import RouterCatalog, ShadowTally, tally_key
@@ -145,6 +147,7 @@ def build_app(
     produce = batch_sender(app)
     take = settings.classifier
     warm = {"assigned": False, "loaded": False}
+    spans = exporter_for(settings.tracing, "classifier")  # None: no OTLP endpoint
 
     def _ready() -> None:
         """Ready once partitions are assigned and the embedder is loaded."""
@@ -171,6 +174,7 @@ def build_app(
         pipeline = Pipeline()  # batch N is produced and acked while N+1 is looked up
         try:
             async for taken in intake.batches():
+                taken_ns = time.time_ns()
                 BATCH_SIZE.observe(len(taken.records))
                 records = [source_record(record) for record in taken.records]
                 waves = batches.classify_waves(records, before=pipeline.clear_of)
@@ -178,13 +182,16 @@ def build_app(
                 async for wave in waves:
                     outcomes = [classified for _, classified in wave]
                     # Each request's records carry a child of its traceparent (or a new trace).
-                    out = [
-                        r
-                        for i, classified in wave
-                        for r in traced(classified.records, child_header(records[i].headers))
-                    ]
+                    trace = {i: child_trace(records[i].headers) for i, _ in wave}
+                    out = [r for i, c in wave for r in traced(c.records, header(trace[i][1]))]
+                    handled = (
+                        [Handled.of(records[i], trace[i], classified_outcome(c)) for i, c in wave]
+                        if spans is not None
+                        else []
+                    )
                     await pipeline.wait()  # one batch in flight at most, and its errors surface
-                    pipeline.chain(partial(settle, outcomes, out), wave_keys(records, wave))
+                    wave_done = partial(settle, outcomes, out, handled, taken_ns)
+                    pipeline.chain(wave_done, wave_keys(records, wave))
                     done += len(wave)
                     if done < len(records):  # another wave: it reads what this one wrote
                         await pipeline.wait()
@@ -197,11 +204,17 @@ def build_app(
     async def _drain(sender: Any, **kwargs: Any) -> None:
         """Stop taking, let the batches in flight finish, commit, leave the group."""
         await intake.stop()
+        if spans is not None:
+            await spans.aclose()  # what is queued, within the export timeout
 
-    async def settle(outcomes: list[Classified], out: list[Outbound]) -> None:
+    async def settle(
+        outcomes: list[Classified], out: list[Outbound], handled: list[Handled], taken_ns: int
+    ) -> None:
         """Produce a wave's records (``out``) and wait for every ack; then its
-        sessions and metrics."""
+        spans (taken at ``taken_ns``), sessions and metrics."""
         await deliver(out, produce, settings)
+        if spans is not None:
+            spans.processed(handled, group=settings.app_id, start_ns=taken_ns)
         await lookups.remember(outcomes)
         _observe(outcomes)
 

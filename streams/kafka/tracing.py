@@ -26,6 +26,8 @@ __all__ = [
     "Traces",
     "child_header",
     "child_of",
+    "child_trace",
+    "header",
     "new_trace",
     "parse",
     "read",
@@ -57,6 +59,11 @@ class TraceParent:
 
     def format(self) -> str:
         return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
+
+    @property
+    def sampled(self) -> bool:
+        """Flag bit 0: the caller may have recorded it; exported spans are these."""
+        return int(self.flags, 16) & 1 == 1
 
     def child(self) -> TraceParent:
         """The same trace and flags, a new span id."""
@@ -113,9 +120,24 @@ def child_of(headers: Iterable[tuple[str, bytes | None]] | None) -> TraceParent:
     return parent.child() if parent is not None else new_trace()
 
 
+def child_trace(
+    headers: Iterable[tuple[str, bytes | None]] | None,
+) -> tuple[TraceParent | None, TraceParent]:
+    """The ``traceparent`` read from ``headers`` (``None``: missing or
+    invalid) and ``child_of`` it: the parent of a process's span, and the
+    span itself (``streams.kafka.otlp`` exports it)."""
+    parent = read(headers)
+    return parent, parent.child() if parent is not None else new_trace()
+
+
+def header(trace: TraceParent) -> tuple[str, bytes]:
+    """``trace`` as the header to put on the records produced."""
+    return (TRACEPARENT, trace.format().encode())
+
+
 def child_header(headers: Iterable[tuple[str, bytes | None]] | None) -> tuple[str, bytes]:
     """``child_of(headers)`` as the header to put on the records produced."""
-    return (TRACEPARENT, child_of(headers).format().encode())
+    return header(child_of(headers))
 
 
 def traced(records: Sequence[Outbound], header: tuple[str, bytes]) -> list[Outbound]:

@@ -14,12 +14,15 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path as FsPath
 from unittest import mock
 
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
 from schemas.settings import Settings
@@ -133,8 +136,66 @@ async def prefix(redis_client: aioredis.Redis) -> AsyncIterator[str]:
         await redis_client.delete(*keys)
 
 
+class OtlpReceiver:
+    """A real OTLP/HTTP trace receiver on a local port: keeps every span
+    POSTed to ``/v1/traces`` with its resource's ``service.name``."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, Span]] = []
+        spans = self.spans
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                ok = self.path == "/v1/traces" and (
+                    self.headers.get("Content-Type") == "application/x-protobuf"
+                )
+                if ok:
+                    request = ExportTraceServiceRequest.FromString(body)
+                    for resource_spans in request.resource_spans:
+                        names = [
+                            kv.value.string_value
+                            for kv in resource_spans.resource.attributes
+                            if kv.key == "service.name"
+                        ]
+                        for scope_spans in resource_spans.scope_spans:
+                            spans.extend((names[0] if names else "", s) for s in scope_spans.spans)
+                self.send_response(200 if ok else 400)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL, as ``LANEWAY_TRACING_OTLP_ENDPOINT`` takes it."""
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def of_trace(self, trace_id: str) -> list[tuple[str, Span]]:
+        """``(service.name, span)`` of every span received of ``trace_id``."""
+        return [(name, s) for name, s in list(self.spans) if s.trace_id.hex() == trace_id]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def otlp() -> Iterator[OtlpReceiver]:
+    """The session stack's OTLP collector (``LANEWAY_TRACING_OTLP_ENDPOINT``)."""
+    receiver = OtlpReceiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpReceiver) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("stack")
     shutil.copyfile(EXAMPLE_RULES_FILE, RULES_FILE)
     settings = Settings()
@@ -146,7 +207,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         out=io.StringIO(),  # the console of `laneway up` (test_supervisor reads it)
         log_path=log_dir / "stack.log",
         log_dir=log_dir,
-        child_env=CHILD_ENV,
+        # Every process exports its spans to the session's receiver (test_tracing).
+        child_env={**CHILD_ENV, "LANEWAY_TRACING_OTLP_ENDPOINT": otlp.endpoint},
     )
     try:
         yield from supervised(stack)

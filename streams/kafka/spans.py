@@ -1,0 +1,227 @@
+"""What laneway records of a trace span: one per consumed record a process
+settles, with the ids of its ``traceparent`` (``streams.kafka.tracing``),
+named and described as OpenTelemetry's messaging conventions have it
+(``process <topic>``, kind CONSUMER, ``messaging.*`` attributes) plus
+laneway's own (``laneway.request.id``, ``.lane``, ``.path``, ``.status``,
+``.error_code``). Pure data; ``streams.kafka.otlp`` exports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from schemas.messages import InferenceRequest, InferenceResult, RoutedRequest
+from streams.kafka.tracing import TraceParent
+
+__all__ = [
+    "UNREADABLE",
+    "Attribute",
+    "FinishedSpan",
+    "Handled",
+    "Outcome",
+    "classified_outcome",
+    "handled_records",
+    "lane_outcomes",
+    "process_span",
+]
+
+Coords = tuple[str, int, int]
+"""A consumed record's topic, partition and offset."""
+
+Attribute = str | int | bool | float
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a process made of one consumed record: a span's ``laneway.*``
+    attributes."""
+
+    request_id: str | None
+    lane: str | None
+    path: str | None
+    status: str
+    """``ok`` or ``error`` (a terminal result), ``routed`` (the classifier put
+    it on a lane), ``retry`` (parked on a retry topic); an ``error`` span has
+    status ERROR."""
+    error_code: str | None = None
+
+    @classmethod
+    def of_result(cls, result: InferenceResult) -> Outcome:
+        return cls(
+            result.id,
+            _text(result.lane),
+            _text(result.path),
+            result.status,
+            _text(result.error.code) if result.error else None,
+        )
+
+
+UNREADABLE = Outcome(None, None, None, "error", "INF-400")
+"""A lane record no worker could read (DLQ, INF-400)."""
+
+
+class _Decided(Protocol):
+    @property
+    def lane(self) -> Any: ...
+    @property
+    def path(self) -> Any: ...
+
+
+class _Classified(Protocol):
+    """What ``classified_outcome`` reads of ``streams.classify.classifier.Classified``."""
+
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def result(self) -> InferenceResult | None: ...
+    @property
+    def request(self) -> InferenceRequest | None: ...
+    @property
+    def decision(self) -> _Decided | None: ...
+
+
+def classified_outcome(classified: _Classified) -> Outcome:
+    """The classifier's outcome for one request: its terminal result (cache,
+    rule or refusal), else the lane and path it was routed to; a record
+    refused with no result (its id or reply topic unreadable) is INF-400."""
+    if classified.result is not None:
+        return Outcome.of_result(classified.result)
+    if classified.outcome == "rejected":
+        return UNREADABLE
+    decision = classified.decision
+    return Outcome(
+        classified.request.id if classified.request is not None else None,
+        _text(decision.lane) if decision is not None else None,
+        _text(decision.path) if decision is not None else None,
+        classified.outcome,
+    )
+
+
+def lane_outcomes(
+    readable: Iterable[tuple[tuple[Any, ...], RoutedRequest]],
+    results: Iterable[tuple[tuple[Any, ...], InferenceResult]],
+    retried: Iterable[tuple[Any, ...]],
+) -> dict[Coords, Outcome]:
+    """A lane worker's outcome for each readable record of a batch, by the
+    first three fields of its key (topic, partition, offset): its terminal
+    result; ``retry`` when it is parked on the retry topic (by this delivery
+    or an earlier one); else it was given up (INF-502: it crashed its worker
+    too often). A record missing here was unreadable (``UNREADABLE``)."""
+    outcomes: dict[Coords, Outcome] = {}
+    for key, routed in readable:
+        outcomes[_coords(key)] = Outcome(
+            routed.request.id, _text(routed.lane), _text(routed.path), "error", "INF-502"
+        )
+    for key in retried:
+        was = outcomes.get(_coords(key))
+        if was is not None:
+            outcomes[_coords(key)] = Outcome(was.request_id, was.lane, was.path, "retry")
+    for key, result in results:
+        outcomes[_coords(key)] = Outcome.of_result(result)
+    return outcomes
+
+
+class _Located(Protocol):
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Handled:
+    """One consumed record, its trace context and what became of it: a span
+    once what was produced for it is acknowledged."""
+
+    topic: str
+    partition: int
+    offset: int
+    parent: TraceParent | None
+    """The ``traceparent`` the record carried (``None``: none or invalid)."""
+    own: TraceParent
+    """The child written on what was produced for it: this span."""
+    outcome: Outcome
+
+    @classmethod
+    def of(
+        cls, record: _Located, trace: tuple[TraceParent | None, TraceParent], outcome: Outcome
+    ) -> Handled:
+        """``trace``: ``streams.kafka.tracing.child_trace`` of its headers."""
+        return cls(record.topic, record.partition, record.offset, *trace, outcome)
+
+
+def handled_records(
+    records: Iterable[_Located],
+    traces: Mapping[Coords, tuple[TraceParent | None, TraceParent]],
+    outcomes: Mapping[Coords, Outcome],
+    default: Outcome = UNREADABLE,
+) -> list[Handled]:
+    """``records`` with their trace context and outcome (``default`` when
+    ``outcomes`` has none), both by topic, partition and offset."""
+    items = []
+    for record in records:
+        coords = (record.topic, record.partition, record.offset)
+        items.append(Handled.of(record, traces[coords], outcomes.get(coords, default)))
+    return items
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedSpan:
+    """One span as exported: ids in lowercase hex, times in ns since the epoch."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    """Empty when the process started the trace."""
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: tuple[tuple[str, Attribute], ...]
+    error: str | None = None
+    """Status ERROR with this message; ``None``: status unset."""
+
+
+def process_span(handled: Handled, *, group: str, start_ns: int, end_ns: int) -> FinishedSpan:
+    """The CONSUMER span of processing one record (messaging conventions:
+    named ``process <topic>``)."""
+    outcome = handled.outcome
+    attributes: list[tuple[str, Attribute]] = [
+        ("messaging.system", "kafka"),
+        ("messaging.operation.type", "process"),
+        ("messaging.operation.name", "process"),
+        ("messaging.destination.name", handled.topic),
+        ("messaging.destination.partition.id", str(handled.partition)),
+        ("messaging.kafka.offset", handled.offset),
+        ("messaging.consumer.group.name", group),
+    ]
+    for name, value in (
+        ("laneway.request.id", outcome.request_id),
+        ("laneway.lane", outcome.lane),
+        ("laneway.path", outcome.path),
+        ("laneway.status", outcome.status),
+        ("laneway.error_code", outcome.error_code),
+    ):
+        if value is not None:
+            attributes.append((name, value))
+    return FinishedSpan(
+        trace_id=handled.own.trace_id,
+        span_id=handled.own.span_id,
+        parent_span_id=handled.parent.span_id if handled.parent is not None else "",
+        name=f"process {handled.topic}",
+        start_ns=start_ns,
+        end_ns=max(start_ns, end_ns),
+        attributes=tuple(attributes),
+        error=(outcome.error_code or "error") if outcome.status == "error" else None,
+    )
+
+
+def _coords(key: tuple[Any, ...]) -> Coords:
+    return (str(key[0]), int(key[1]), int(key[2]))
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
