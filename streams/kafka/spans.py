@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from schemas.messages import InferenceRequest, InferenceResult, RoutedRequest
+from streams.kafka.envelopes import ConsumedRecord
 from streams.kafka.tracing import TraceParent
 
 __all__ = [
@@ -123,15 +124,6 @@ def lane_outcomes(
     return outcomes
 
 
-class _Located(Protocol):
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-
-
 @dataclass(frozen=True, slots=True)
 class Handled:
     """One consumed record, its trace context and what became of it: a span
@@ -148,14 +140,14 @@ class Handled:
 
     @classmethod
     def of(
-        cls, record: _Located, trace: tuple[TraceParent | None, TraceParent], outcome: Outcome
+        cls, record: ConsumedRecord, trace: tuple[TraceParent | None, TraceParent], outcome: Outcome
     ) -> Handled:
         """``trace``: ``streams.kafka.tracing.child_trace`` of its headers."""
         return cls(record.topic, record.partition, record.offset, *trace, outcome)
 
 
 def handled_records(
-    records: Iterable[_Located],
+    records: Iterable[ConsumedRecord],
     traces: Mapping[Coords, tuple[TraceParent | None, TraceParent]],
     outcomes: Mapping[Coords, Outcome],
     default: Outcome = UNREADABLE,

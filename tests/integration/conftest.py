@@ -99,6 +99,37 @@ def own_stack(
             print(f"\nstack log: {log_dir / 'stack.log'}")
 
 
+def registry_stack(
+    folder: FsPath, name: str, registry: str, env: dict[str, str], lanes: tuple[Lane, ...]
+) -> Iterator[tuple[Settings, dict[str, str]]]:
+    """``own_stack`` on a model registry file of its own (``registry``, YAML)
+    with an app id and Redis prefix named after ``name``, exploration and the
+    cache off, and ``env`` over that; yields its settings and the children's
+    environment with the running broker and Redis in it (for the CLI)."""
+    models = folder / "models.yaml"
+    models.write_text(registry)
+    prefix = f"{name}-{uuid.uuid4().hex[:8]}"
+    env = {
+        "LANEWAY_APP_ID": prefix,
+        "LANEWAY_REDIS_KEY_PREFIX": prefix,
+        "LANEWAY_ROUTING_MODELS_FILE": str(models),
+        "LANEWAY_ROUTING_EXPLORATION": "0",
+        "LANEWAY_CACHE_ENABLED": "false",
+        "LANEWAY_WORKER_HEARTBEAT_S": "1",
+        **env,
+    }
+    for stack in own_stack(folder, env, lanes=lanes):
+        running = stack.settings
+        yield (
+            running,
+            {
+                **env,
+                "LANEWAY_KAFKA_BOOTSTRAP": running.kafka.bootstrap,
+                "LANEWAY_REDIS_URL": running.redis.url,
+            },
+        )
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """Redis for the tests that need Redis alone, never skipped: the machine's

@@ -29,7 +29,7 @@ from streams.client import LanewayClient
 from streams.rollout.assign import unit
 from streams.rollout.state import RolloutStore
 
-from .conftest import own_stack, produce_to_lane, read_topic, routed_now
+from .conftest import produce_to_lane, read_topic, registry_stack, routed_now
 
 REGISTRY = """\
 models:
@@ -48,16 +48,7 @@ models:
 def rollout_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A bulk-only stack with three heavy versions; yields the children's
     environment with the running broker and Redis in it."""
-    folder = tmp_path_factory.mktemp("rollout")
-    models = folder / "models.yaml"
-    models.write_text(REGISTRY)
-    prefix = f"rollout-{uuid.uuid4().hex[:8]}"
     env = {
-        "LANEWAY_APP_ID": prefix,
-        "LANEWAY_REDIS_KEY_PREFIX": prefix,
-        "LANEWAY_ROUTING_MODELS_FILE": str(models),
-        "LANEWAY_ROUTING_EXPLORATION": "0",
-        "LANEWAY_CACHE_ENABLED": "false",
         "LANEWAY_BULK_MAX_BATCH_SIZE": "8",
         "LANEWAY_BULK_MAX_WAIT_MS": "100",
         "LANEWAY_ROLLOUT_REFRESH_S": "0.5",
@@ -66,15 +57,10 @@ def rollout_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         # the queue behind 40 requests at once (it was drained at 8.3 s against
         # 2.4 s in one CI run, the test's 50% share gone with it).
         "LANEWAY_ROLLOUT_LATENCY_MARGIN": "100",
-        "LANEWAY_WORKER_HEARTBEAT_S": "1",
     }
-    for stack in own_stack(folder, env, lanes=(Lane.BULK,)):
-        running = stack.settings
-        yield {
-            **env,
-            "LANEWAY_KAFKA_BOOTSTRAP": running.kafka.bootstrap,
-            "LANEWAY_REDIS_URL": running.redis.url,
-        }
+    folder = tmp_path_factory.mktemp("rollout")
+    for _, children in registry_stack(folder, "rollout", REGISTRY, env, (Lane.BULK,)):
+        yield children
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from schemas.messages import Lane, Path
 from schemas.settings import Settings
 from streams.client import LanewayClient
 
-from .conftest import own_stack
+from .conftest import registry_stack
 
 REGISTRY = """\
 models:
@@ -42,27 +42,7 @@ def third(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, 
     """A medium-only stack on the three-path registry: its settings and the
     children's environment."""
     folder = tmp_path_factory.mktemp("third")
-    models = folder / "models.yaml"
-    models.write_text(REGISTRY)
-    prefix = f"third-{uuid.uuid4().hex[:8]}"
-    env = {
-        "LANEWAY_APP_ID": prefix,
-        "LANEWAY_REDIS_KEY_PREFIX": prefix,
-        "LANEWAY_ROUTING_MODELS_FILE": str(models),
-        "LANEWAY_ROUTING_EXPLORATION": "0",
-        "LANEWAY_CACHE_ENABLED": "false",
-        "LANEWAY_WORKER_HEARTBEAT_S": "1",
-    }
-    for stack in own_stack(folder, env, lanes=(Lane.MEDIUM,)):
-        running = stack.settings
-        yield (
-            running,
-            {
-                **env,
-                "LANEWAY_KAFKA_BOOTSTRAP": running.kafka.bootstrap,
-                "LANEWAY_REDIS_URL": running.redis.url,
-            },
-        )
+    yield from registry_stack(folder, "third", REGISTRY, {}, (Lane.MEDIUM,))
 
 
 def models_list(env: dict[str, str]) -> list[dict[str, object]]:
