@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Sequence
 
@@ -25,6 +23,7 @@ from schemas.settings import Settings
 from streams.kafka.topics import create_topics
 from streams.ops import OpsServer, ProcessState, heartbeat
 from tests.integration.conftest import read_topic, routed_now
+from tests.unit.streams.test_ops import get
 from workers.backends.base import Generation, GenerationInput, Outcome
 from workers.execution import BackendSlot, Executor
 from workers.lane_worker import LaneWorker
@@ -53,14 +52,6 @@ class Wedging:
         return True
 
     async def close(self) -> None: ...
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 async def own_topics(settings: Settings) -> Settings:
