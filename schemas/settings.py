@@ -307,6 +307,10 @@ class RoutingSettings(BaseSettings):
     """Terminal results per path over which the success rate is counted."""
     feedback_weight: float = Field(default=0.5, ge=0, le=1)
     """How much a -1 feedback lowers a path's quality (a failed result counts 1)."""
+    feedback_wait_s: float = Field(default=60.0, ge=0)
+    """How long feedback that came before the quality loop knew its answer
+    (a fast client) waits to be joined, tried again every second, before it
+    is dropped and counted (``laneway_feedback_unmatched_total``)."""
     force_path: Path | None = None
     """Send every request to one model path, skipping cache, rules and the
     router (a single-path baseline; ``laneway bench`` compares against it)."""

@@ -73,6 +73,7 @@ from streams.quality.records import (
     ROUTER_FIELD,
     LaneLatency,
     PartStats,
+    PendingFeedback,
     merge_all,
     merge_routers,
     merge_versions,
@@ -185,43 +186,64 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 part.fold(quality_event, settings)
                 table[key] = json.loads(part.to_json())
 
+    pending = PendingFeedback(settings.routing.feedback_wait_s)
+
     @app.agent(feedback, concurrency=1)
     async def join_feedback(stream: faust.StreamT) -> None:
         async for event in stream.events():
             verdict = await decode(event, Feedback)
-            if verdict is None:
-                continue
-            answered = await _recall(redis, answered_key + verdict.request_id)
-            if answered is None:
-                FEEDBACK_UNMATCHED.inc()
-                log.info("feedback for unknown request %s dropped", verdict.request_id)
-                continue
-            path = answered.path
-            floor = settings.cache.evict_at_feedback
-            if answered.cache_key and floor is not None and verdict.score <= floor:
-                if await cache.evict(answered.cache_key):
-                    log.info(
-                        "cache entry of %s evicted on feedback %.2f",
-                        verdict.request_id,
-                        verdict.score,
-                    )
-            joined = QualityEvent(
-                kind="feedback",
-                id=verdict.request_id,
-                path=path,
-                version=answered.version,
-                router_version=answered.router_version,
-                success=verdict.score >= 0,
-                latency_ms=0.0,
-                feedback=verdict.score,
-                ts_ms=int(time.time() * 1000),
-            )
-            out = Outbound(  # keyed by the request, as every quality event
-                settings.topic("quality"),
-                verdict.request_id.encode(),
-                joined.model_dump_json().encode(),
-            )
-            await deliver([out], send, settings)
+            if verdict is not None and not await join(verdict):
+                # Its answer's result event is not read yet (a fast client):
+                # tried again every second for feedback_wait_s.
+                unmatched(pending.add(verdict, time.monotonic()))
+
+    @app.timer(1.0)
+    async def join_pending() -> None:
+        due, late = pending.take(time.monotonic())
+        for arrived, verdict in due:
+            if not await join(verdict):
+                pending.keep(arrived, verdict)
+        unmatched(late)
+
+    def unmatched(verdicts: list[Feedback]) -> None:
+        for verdict in verdicts:
+            FEEDBACK_UNMATCHED.inc()
+            log.info("feedback for unknown request %s dropped", verdict.request_id)
+
+    async def join(verdict: Feedback) -> bool:
+        """Join ``verdict`` to the answer it judges: a ``feedback`` quality
+        event of its path (and the cache entry evicted on a bad score);
+        ``False`` when that answer is not known (yet)."""
+        answered = await _recall(redis, answered_key + verdict.request_id)
+        if answered is None:
+            return False
+        path = answered.path
+        floor = settings.cache.evict_at_feedback
+        if answered.cache_key and floor is not None and verdict.score <= floor:
+            if await cache.evict(answered.cache_key):
+                log.info(
+                    "cache entry of %s evicted on feedback %.2f",
+                    verdict.request_id,
+                    verdict.score,
+                )
+        joined = QualityEvent(
+            kind="feedback",
+            id=verdict.request_id,
+            path=path,
+            version=answered.version,
+            router_version=answered.router_version,
+            success=verdict.score >= 0,
+            latency_ms=0.0,
+            feedback=verdict.score,
+            ts_ms=int(time.time() * 1000),
+        )
+        out = Outbound(  # keyed by the request, as every quality event
+            settings.topic("quality"),
+            verdict.request_id.encode(),
+            joined.model_dump_json().encode(),
+        )
+        await deliver([out], send, settings)
+        return True
 
     @app.timer(settings.routing.weights_refresh_s)
     async def publish() -> None:
@@ -248,7 +270,10 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 fields[_text(name)] = PartStats.from_json(raw)
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("route statistics part %r unreadable: %s", name, exc)
-        snapshot = merge_all(fields, settings.routing.success_window, settings.routing.ewma_alpha)
+        routing = settings.routing
+        snapshot = merge_all(
+            fields, routing.success_window, routing.ewma_alpha, routing.feedback_weight
+        )
         for path, stats in snapshot.items():
             PATH_LATENCY.labels(path.value).set(stats.latency_ms)
             PATH_SUCCESS.labels(path.value).set(stats.success_rate)
@@ -270,7 +295,9 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
         path's active version, and say why."""
         view = await rollout.refresh()
         window, alpha = settings.routing.success_window, settings.routing.ewma_alpha
-        records = merge_versions(fields, window, alpha, rollout.since_ms)
+        records = merge_versions(
+            fields, window, alpha, rollout.since_ms, settings.routing.feedback_weight
+        )
         if records:
             try:
                 await redis.hset(
@@ -321,7 +348,9 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
         """Publish each router version's record; drain a canary router worse
         than the active one (``judge_versions`` has just refreshed the view)."""
         window, alpha = settings.routing.success_window, settings.routing.ewma_alpha
-        records = merge_routers(fields, window, alpha, rollout.router_since_ms)
+        records = merge_routers(
+            fields, window, alpha, rollout.router_since_ms, settings.routing.feedback_weight
+        )
         if records:
             try:
                 await redis.hset(routers_key, mapping={v: r.to_json() for v, r in records.items()})

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.messages import Lane, Path, QualityEvent
+from schemas.messages import Feedback, Lane, Path, QualityEvent
 from schemas.settings import Settings
 from streams.classify.router import PathStats
 from streams.rollout.rollback import RouterRecord
@@ -24,6 +24,7 @@ __all__ = [
     "VERSION_SEP",
     "LaneLatency",
     "PartStats",
+    "PendingFeedback",
     "counts_outcome",
     "fold",
     "merge",
@@ -83,6 +84,41 @@ class LaneLatency:
         return out
 
 
+class PendingFeedback:
+    """Feedback that came before its answer was known (the client was faster
+    than the quality loop): kept in arrival order, at most ``limit`` (the
+    oldest go first), until it is joined or ``wait_s`` has passed. In memory:
+    a restart of the quality loop forgets it."""
+
+    def __init__(self, wait_s: float, limit: int = 10_000) -> None:
+        self.wait_s = wait_s
+        self.limit = limit
+        self._waiting: deque[tuple[float, Feedback]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, verdict: Feedback, now: float) -> list[Feedback]:
+        """Keep ``verdict`` (arrived at ``now``); the ones pushed out for room."""
+        self._waiting.append((now, verdict))
+        pushed = []
+        while len(self._waiting) > self.limit:
+            pushed.append(self._waiting.popleft()[1])
+        return pushed
+
+    def take(self, now: float) -> tuple[list[tuple[float, Feedback]], list[Feedback]]:
+        """Everything kept, emptied: ``(still in time, with when each
+        arrived; too old)``. Put back with ``keep`` what is still unmatched."""
+        waiting, self._waiting = self._waiting, deque()
+        due = [(at, v) for at, v in waiting if now - at <= self.wait_s]
+        late = [v for at, v in waiting if now - at > self.wait_s]
+        return due, late
+
+    def keep(self, arrived: float, verdict: Feedback) -> None:
+        """Put back one taken that is still unmatched (its arrival kept)."""
+        self._waiting.append((arrived, verdict))
+
+
 def fold(stats: PathStats | None, event: QualityEvent, settings: Settings) -> PathStats:
     """One event folded into a path's record (a fresh record for a new path)."""
     routing = settings.routing
@@ -104,8 +140,9 @@ def counts_outcome(event: QualityEvent) -> bool:
 class PartStats:
     """One partition's record of one path: its ``PathStats``, when each of
     its outcomes happened (``ts_ms``, aligned with ``stats.outcomes``), the
-    latency of its recent successes with their times (``samples``) and how
-    much feedback it holds."""
+    latency of its recent successes with their times (``samples``), how
+    much feedback it holds and its recent verdicts with their times
+    (``verdicts``: -1..1 scores)."""
 
     stats: PathStats
     feedbacks: int = 0
@@ -113,6 +150,8 @@ class PartStats:
     samples: list[tuple[int, float]] = field(default_factory=list)
     heavy: list[int] = field(default_factory=list)
     """1 where the heavy path gave the outcome (aligned with ``ts_ms``)."""
+    verdicts: list[tuple[int, float]] = field(default_factory=list)
+    """The newest feedback scores with their times, at most ``success_window``."""
 
     def fold(self, event: QualityEvent, settings: Settings) -> None:
         self.stats = fold(self.stats, event, settings)
@@ -126,6 +165,9 @@ class PartStats:
                 del self.samples[: -settings.routing.success_window]
         if event.kind == "feedback":
             self.feedbacks += 1
+            if event.feedback is not None:
+                self.verdicts.append((event.ts_ms, event.feedback))
+                del self.verdicts[: -settings.routing.success_window]
 
     def since(self, ts_ms: int) -> PartStats:
         """This record with only the outcomes (and latencies) from ``ts_ms`` on."""
@@ -140,7 +182,9 @@ class PartStats:
             updated_ms=self.stats.updated_ms,
         )
         samples = [s for s in self.samples if s[0] >= ts_ms]
-        return PartStats(stats, self.feedbacks, [t for t, _ in kept], samples, kept_heavy)
+        return PartStats(
+            stats, self.feedbacks, [t for t, _ in kept], samples, kept_heavy, self.verdicts
+        )
 
     def _heavy(self) -> list[int]:
         """``heavy`` aligned with ``ts_ms`` (a record written before it was kept: zeros)."""
@@ -156,6 +200,7 @@ class PartStats:
                 "ts": self.ts_ms,
                 "samples": self.samples,
                 "heavy": self.heavy,
+                "verdicts": self.verdicts,
             }
         )
 
@@ -168,15 +213,18 @@ class PartStats:
             ts = [stats.updated_ms] * len(stats.outcomes)
         samples = [(int(t), float(v)) for t, v in data.get("samples", [])]
         heavy = [int(h) for h in data.get("heavy", [])]
-        return cls(stats, int(data.get("feedbacks", 0)), ts, samples, heavy)
+        verdicts = [(int(t), float(v)) for t, v in data.get("verdicts", [])]
+        return cls(stats, int(data.get("feedbacks", 0)), ts, samples, heavy, verdicts)
 
 
-def merge(parts: list[PartStats], window: int, alpha: float) -> PathStats:
+def merge(
+    parts: list[PartStats], window: int, alpha: float, feedback_weight: float = 0.5
+) -> PathStats:
     """One path's record from its partitions' records, as one record fed
     every event would be: the newest ``window`` outcomes of all of them by
     time, the latency EWMA (``alpha``) replayed over their recent successes
-    in time order, feedback quality weighted by each one's feedback, counts
-    summed."""
+    in time order, the feedback quality replayed (``feedback_weight``) over
+    their recent verdicts in time order, counts summed."""
     timed = sorted((t, o) for p in parts for t, o in zip(p.ts_ms, p.stats.outcomes, strict=True))[
         -window:
     ]
@@ -187,22 +235,34 @@ def merge(parts: list[PartStats], window: int, alpha: float) -> PathStats:
             latency = alpha * sample + (1 - alpha) * latency
     else:  # nothing succeeded lately: what the records say, each as much
         latency = sum(p.stats.latency_ms for p in parts) / len(parts)
-    said = sum(p.feedbacks for p in parts)
-    quality = (
-        sum(p.feedbacks * p.stats.quality for p in parts) / said
-        if said
-        else min((p.stats.quality for p in parts), default=1.0)
-    )
     return PathStats(
         latency_ms=latency,
         outcomes=[o for _, o in timed],
-        quality=quality,
+        quality=_merged_quality(parts, window, feedback_weight),
         n=sum(p.stats.n for p in parts),
         updated_ms=max((p.stats.updated_ms for p in parts), default=0),
     )
 
 
-def merge_all(fields: dict[str, PartStats], window: int, alpha: float) -> dict[Path, PathStats]:
+def _merged_quality(parts: list[PartStats], window: int, weight: float) -> float:
+    """Feedback quality replayed over every part's verdicts in time order, as
+    one record fed them all would have it (so a bad verdict always lowers
+    it, whichever partition it lands on). Parts written before verdicts were
+    kept: each one's quality weighted by its feedback."""
+    if all(len(p.verdicts) >= min(p.feedbacks, window) for p in parts):
+        quality = 1.0
+        for _, score in sorted(v for p in parts for v in p.verdicts)[-window:]:
+            quality = weight * (score + 1) / 2 + (1 - weight) * quality
+        return quality
+    said = sum(p.feedbacks for p in parts)
+    if said:
+        return sum(p.feedbacks * p.stats.quality for p in parts) / said
+    return min((p.stats.quality for p in parts), default=1.0)
+
+
+def merge_all(
+    fields: dict[str, PartStats], window: int, alpha: float, feedback_weight: float = 0.5
+) -> dict[Path, PathStats]:
     """Every path's merged record from ``<path>@<partition>`` fields."""
     by_path: dict[Path, list[PartStats]] = {}
     for name, part in fields.items():
@@ -210,7 +270,7 @@ def merge_all(fields: dict[str, PartStats], window: int, alpha: float) -> dict[P
         if not partition or not Path.valid(path_name):
             continue
         by_path.setdefault(Path(path_name), []).append(part)
-    return {path: merge(parts, window, alpha) for path, parts in by_path.items()}
+    return {path: merge(parts, window, alpha, feedback_weight) for path, parts in by_path.items()}
 
 
 def merge_versions(
@@ -218,6 +278,7 @@ def merge_versions(
     window: int,
     alpha: float,
     since: Callable[[Path, str], int] = lambda path, version: 0,
+    feedback_weight: float = 0.5,
 ) -> dict[tuple[Path, str], PathStats]:
     """Every version's merged record from ``<path>~<version>@<partition>``
     fields, each over its outcomes from ``since(path, version)`` on."""
@@ -229,7 +290,7 @@ def merge_versions(
             continue
         by_version.setdefault((Path(path_name), version), []).append(part)
     return {
-        key: merge([p.since(since(*key)) for p in parts], window, alpha)
+        key: merge([p.since(since(*key)) for p in parts], window, alpha, feedback_weight)
         for key, parts in by_version.items()
     }
 
@@ -239,6 +300,7 @@ def merge_routers(
     window: int,
     alpha: float,
     since: Callable[[str], int] = lambda version: 0,
+    feedback_weight: float = 0.5,
 ) -> dict[str, RouterRecord]:
     """Every router version's merged record from ``router~<version>@<partition>``
     fields, each over its outcomes from ``since(version)`` on, with the share
@@ -255,7 +317,7 @@ def merge_routers(
             -window:
         ]
         heavy_share = sum(h for _, h in timed) / len(timed) if timed else 0.0
-        out[version] = RouterRecord(merge(parts, window, alpha), heavy_share)
+        out[version] = RouterRecord(merge(parts, window, alpha, feedback_weight), heavy_share)
     return out
 
 

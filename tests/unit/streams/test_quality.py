@@ -5,11 +5,18 @@ import json
 
 import pytest
 
-from schemas.messages import Path, QualityEvent
+from schemas.messages import Feedback, Path, QualityEvent
 from schemas.settings import KafkaSettings, RoutingSettings, Settings
 from streams.classify.router import PathStats
 from streams.quality.loop import Answered
-from streams.quality.records import PartStats, counts_outcome, fold, merge, merge_all
+from streams.quality.records import (
+    PartStats,
+    PendingFeedback,
+    counts_outcome,
+    fold,
+    merge,
+    merge_all,
+)
 
 
 def test_an_answer_is_remembered_with_its_cache_entry() -> None:
@@ -116,3 +123,40 @@ def test_parts_round_trip_and_unknown_fields_are_left_out() -> None:
     assert PartStats.from_json(older).ts_ms == [7, 7]
     merged = merge_all({"light@0": part, "light@3": part, "heavy": part, "No pe@1": part}, 50, 0.2)
     assert list(merged) == [Path.LIGHT] and merged[Path.LIGHT].outcomes == [1, 1, 0, 0]
+
+
+def test_merged_feedback_quality_is_one_record_fed_every_verdict() -> None:
+    # Verdicts spread over partitions merge as one record fed them all in time
+    # order; a bad one lowers the merged quality whichever partition it is on.
+    # (Weighting each part's own quality by its feedback did not: a first -1
+    # on a fresh partition took that part to 0.5 and raised a merged 0.22.)
+    verdicts = [_event(i, kind="feedback", feedback=-1.0) for i in range(1, 4)]
+    one = PartStats(PathStats(latency_ms=100.0))
+    for v in verdicts:
+        one.fold(v, SETTINGS)
+    parts = [PartStats(PathStats(latency_ms=100.0)) for _ in range(4)]
+    for v in verdicts:
+        parts[0].fold(v, SETTINGS)
+    before = merge(parts, 6, 0.2).quality
+    assert before == pytest.approx(one.stats.quality) == pytest.approx(0.125)
+    parts[3].fold(_event(9, kind="feedback", feedback=-1.0), SETTINGS)  # a fresh partition
+    after = merge(parts, 6, 0.2).quality
+    assert after == pytest.approx(0.0625) and after < before
+    parts[2].fold(_event(10, kind="feedback", feedback=1.0), SETTINGS)
+    assert merge(parts, 6, 0.2).quality == pytest.approx(0.53125)
+    again = [PartStats.from_json(p.to_json()) for p in parts]
+    assert merge(again, 6, 0.2).quality == pytest.approx(0.53125)  # verdicts are kept
+
+
+def test_feedback_that_came_before_its_answer_waits_then_expires() -> None:
+    pending = PendingFeedback(wait_s=10.0, limit=3)
+    early = [Feedback(request_id=f"r{i}", score=-1.0) for i in range(4)]
+    assert pending.add(early[0], now=0.0) == [] and len(pending) == 1
+    for verdict in early[1:3]:
+        pending.add(verdict, now=5.0)
+    assert pending.add(early[3], now=5.0) == [early[0]]  # the oldest makes room
+    due, late = pending.take(now=12.0)
+    assert [v.request_id for _, v in due] == ["r1", "r2", "r3"] and late == [] and not pending
+    pending.keep(*due[0])  # still unknown: back, with its arrival
+    due, late = pending.take(now=16.0)
+    assert due == [] and [v.request_id for v in late] == ["r1"]
