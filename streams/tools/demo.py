@@ -19,7 +19,7 @@ SAMPLES: list[tuple[str, dict[str, Any]]] = [
     ("Hello!", {}),  # a rule owns it: answered by the classifier
     ("What is the capital of France?", {"deadline_ms": 20_000}),  # short: light model, realtime
     ("Explain why the sky is blue.", {}),  # reasoning: heavy model, medium lane
-    ("What are the three primary colours?", {"batch_id": "demo-batch"}),  # bulk lane
+    ("What colours are on the flag of France?", {"batch_id": "demo-batch"}),  # bulk lane
 ]
 
 
