@@ -189,6 +189,11 @@ class FlowSettings(BaseSettings):
     are refused at once (INF-429, ``realtime_retry_after_ms``) instead of
     queueing past their deadline; rule and cache answers are still given.
     ``None``: realtime is never refused."""
+    realtime_max_wait_ms: int | None = Field(default=2_000, ge=1)
+    """How long the realtime lane's waiting model requests may take its
+    workers to reach (waiting / the records they answer a busy second)
+    before new ones are refused at once like past ``realtime_max_backlog``.
+    ``None``: only the count mark."""
     realtime_retry_after_ms: int = Field(default=1_000, ge=1)
 
     @model_validator(mode="after")

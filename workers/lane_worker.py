@@ -42,7 +42,7 @@ from streams.kafka.otlp import exporter_for
 from streams.kafka.spans import handled_records, lane_outcomes
 from streams.kafka.tracing import Traces, child_trace, header, traced
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
-from streams.stores.backlog import BacklogBoard
+from streams.stores.backlog import BacklogBoard, DrainRate
 from streams.stores.sessions import context_digest
 from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
 from workers.answered import attempt_events, cached_result
@@ -132,6 +132,8 @@ class LaneWorker:
         self._probed: set[int] = set()
         """Slots (by ``id``) whose backend loaded and answered a test inference."""
         self._reported_at = 0.0
+        self.drain = DrainRate()
+        """Records this worker answers a busy second (on the backlog board)."""
         self._next_offset: dict[TopicPartition, int] = {}
         """Per partition, the offset after the last record handed to this worker."""
         self._committed: dict[TopicPartition, int] = {}
@@ -253,7 +255,9 @@ class LaneWorker:
                     task = asyncio.create_task(self.process(records, after=after))
                     taken = IN_FLIGHT.labels(self.lane)
                     taken.inc(len(records))
-                    task.add_done_callback(functools.partial(_done, taken, len(records)))
+                    task.add_done_callback(
+                        functools.partial(self._done, taken, len(records), time.monotonic())
+                    )
                     inflight.append(task)
         except asyncio.CancelledError:  # past the drain time: abandon, uncommitted
             for task in inflight:
@@ -332,7 +336,9 @@ class LaneWorker:
                 if start is None:
                     start = await self._committed_offset(tp)
                 waiting += max(0, end - start)
-        await self.board.report(self.lane, self._worker_id, waiting)
+        await self.board.report(
+            self.lane, self._worker_id, waiting, self.drain.per_s(time.monotonic())
+        )
 
     async def _committed_offset(self, tp: TopicPartition) -> int:
         """The group's offset on ``tp`` (the log start when it has none),
@@ -346,6 +352,13 @@ class LaneWorker:
             committed = (await self._consumer.beginning_offsets([tp]))[tp]
         self._committed[tp] = committed
         return committed
+
+    def _done(self, gauge: Any, records: int, started: float, task: asyncio.Task[None]) -> None:
+        """A batch taken at ``started`` is settled: out of the in-flight
+        gauge, and into the drain rate when it ran to the end."""
+        gauge.dec(records)
+        if not task.cancelled() and task.exception() is None:
+            self.drain.add(started, time.monotonic(), records)
 
     def forget(self, partitions: Sequence[TopicPartition]) -> None:
         """Drop what this worker knew of partitions it lost or got anew: a
@@ -599,10 +612,6 @@ def _path_card(path: Path, slot: BackendSlot) -> PathCard:
     return PathCard(
         path, backend.kind, backend.model, DEVICES.get(backend.kind, "cpu"), slot.version
     )
-
-
-def _done(gauge: Any, records: int, task: asyncio.Task[None]) -> None:
-    gauge.dec(records)
 
 
 class _ForgetOnRebalance(ConsumerRebalanceListener):

@@ -51,7 +51,7 @@ from schemas.settings import Settings
 from streams.classify.batch import BatchClassifier, BatchLookups, Pipeline, wave_keys
 from streams.classify.classifier import Classified, SourceRecord
 from streams.classify.drift import DriftMonitor
-from streams.classify.flow import FlowController, realtime_full
+from streams.classify.flow import FlowController, RealtimeGate
 from streams.classify.policy import Decision
 from streams.classify.registry import load_registry
 from streams.classify.router import RouteBoard, SmartRouter
@@ -121,11 +121,12 @@ def build_app(
         redis, settings.redis.key_prefix, registry, workers, routers if routers.enabled else None
     )
     tally = ShadowTally()
-    live: dict[str, Any] = {"serving": None, "full": None}
-    """What the timers last read: the worker board, and whether realtime is full."""
+    live: dict[str, Any] = {"serving": None}
+    """What the timers last read: the worker board."""
     backlog_board = BacklogBoard(redis, settings.redis.key_prefix)
     latency_board = LatencyBoard(redis, settings.redis.key_prefix)
     flow = FlowController(settings.flow.enter, settings.flow.exit, settings.flow.hold_s)
+    gate = RealtimeGate(settings.flow)  # realtime full? between the workers' reports too
     slow = FlowController(
         settings.flow.p95_enter_ms, settings.flow.p95_exit_ms, settings.flow.hold_s
     )
@@ -137,7 +138,7 @@ def build_app(
         stats=lambda: routes.snapshot,
         level=lambda: max(flow.level, slow.level),
         serving=lambda: live["serving"],
-        full=lambda: live["full"],
+        full=gate.full,
         drift=drift,
         rollout=lambda: rollout.current,
         tally=tally,
@@ -181,6 +182,7 @@ def build_app(
                 done = 0
                 async for wave in waves:
                     outcomes = [classified for _, classified in wave]
+                    gate.sent(sum(map(_to_realtime_model, outcomes)))
                     # Each request's records carry a child of its traceparent (or a new trace).
                     trace = {i: child_trace(records[i].headers) for i, _ in wave}
                     out = [r for i, c in wave for r in traced(c.records, header(trace[i][1]))]
@@ -229,11 +231,14 @@ def build_app(
             return
         before = max(flow.level, slow.level)
         now = time.monotonic()
-        backlog = await backlog_board.read()
-        if backlog is not None:  # None: Redis cannot say, keep the level we have
+        loads = await backlog_board.read_loads()
+        backlog: dict[Lane, int] | None = None
+        if loads is not None:  # None: Redis cannot say, keep the level we have
+            backlog = {lane: load.waiting for lane, load in loads.items()}
             for lane, waiting in backlog.items():
                 BACKLOG.labels(lane).set(waiting)
-            live["full"] = realtime_full(backlog.get(Lane.REALTIME, 0), settings.flow)
+            realtime = loads[Lane.REALTIME]
+            gate.reported(realtime.waiting, realtime.drain_per_s, realtime.at_ms)
             flow.update(sum(backlog.values()), now)
         latency = await latency_board.read()
         if latency is not None:
@@ -347,6 +352,14 @@ def _choice(decision: Decision) -> str:
     if decision.requested_path is not None:
         return "degraded"
     return "explored" if decision.explored else "scored"
+
+
+def _to_realtime_model(classified: Classified) -> bool:
+    """A model request routed to the realtime lane."""
+    decision = classified.decision
+    return (
+        classified.outcome == "routed" and decision is not None and decision.lane is Lane.REALTIME
+    )
 
 
 def _observe(outcomes: Sequence[Classified]) -> None:

@@ -11,10 +11,13 @@ lane topics). Levels, each keeping what the one below it does:
 "light" is the lane's cheapest model path in the registry (``cheapest``;
 built-in: ``light``), "heavy" any other model path.
 Apart from the levels, a realtime lane with more than
-``realtime_max_backlog`` requests waiting refuses new model requests at once
-(INF-429 with a short retry time): a realtime answer that comes after its
-deadline is no answer, and a queue the worker cannot drain in time only
-makes every later answer late too.
+``realtime_max_backlog`` requests waiting, or whose waiting requests its
+workers need more than ``realtime_max_wait_ms`` to take (at the rate they
+answered while busy), refuses new model requests at once (INF-429 with a
+short retry time): a realtime answer that comes after its deadline is no
+answer, and a queue the worker cannot drain in time only makes every later
+answer late too. ``RealtimeGate`` keeps that count between the workers'
+reports: what this classifier sent the lane since is added.
 
 Hysteresis: a level is entered when pressure reaches its ``enter`` mark and
 left only when pressure has stayed below its lower ``exit`` mark for
@@ -23,7 +26,9 @@ left only when pressure has stayed below its lower ``exit`` mark for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from schemas.messages import Lane, Path
@@ -31,7 +36,11 @@ from schemas.settings import FlowSettings
 from streams.classify.features import Complexity
 from streams.classify.policy import Decision
 
-__all__ = ["FlowController", "LaneFull", "Shed", "apply_level", "realtime_full"]
+__all__ = ["FlowController", "LaneFull", "RealtimeGate", "Shed", "apply_level", "realtime_full"]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class FlowController:
@@ -78,12 +87,74 @@ class LaneFull:
     retry_after_ms: int
 
 
-def realtime_full(waiting: int, flow: FlowSettings) -> LaneFull | None:
-    """The realtime lane, when ``waiting`` is at its ``realtime_max_backlog``."""
-    mark = flow.realtime_max_backlog
-    if mark is None or waiting < mark:
+def realtime_full(
+    waiting: int, flow: FlowSettings, drain_per_s: float | None = None
+) -> LaneFull | None:
+    """The realtime lane, when ``waiting`` is at its ``realtime_max_backlog``,
+    or would wait ``realtime_max_wait_ms`` or more for workers that answer
+    ``drain_per_s`` records a busy second (``None``: not known)."""
+    by_count = flow.realtime_max_backlog is not None and waiting >= flow.realtime_max_backlog
+    wait_ms = waiting / drain_per_s * 1000 if drain_per_s else None
+    by_time = (
+        flow.realtime_max_wait_ms is not None
+        and wait_ms is not None
+        and wait_ms >= flow.realtime_max_wait_ms
+    )
+    if not (by_count or by_time):
         return None
     return LaneFull(Lane.REALTIME, waiting, flow.realtime_retry_after_ms)
+
+
+class RealtimeGate:
+    """Whether the realtime lane takes another model request. The workers'
+    last report says how many records waited and how fast they drain; a
+    worker reports about once a second, and not while its batches in flight
+    hold it, so the gate carries the count forward as a queue would: plus
+    the model requests this classifier has sent the lane since the report
+    was written, less what the workers drained at their rate meanwhile.
+    Without a report younger than ``stale_ms`` (none yet, flow control off,
+    Redis unreachable) it says nothing is full: it fails open."""
+
+    def __init__(
+        self, flow: FlowSettings, clock_ms: Callable[[], int] = _now_ms, stale_ms: int = 30_000
+    ) -> None:
+        self._flow = flow
+        self._clock_ms = clock_ms
+        self._stale_ms = stale_ms
+        self._waiting = 0
+        self._drain_per_s: float | None = None
+        self._at_ms: int | None = None
+        self._sent: deque[tuple[int, int]] = deque()
+        """(epoch ms, how many) of the sends the last report may not count."""
+
+    def reported(self, waiting: int, drain_per_s: float | None, at_ms: int | None) -> None:
+        """The workers' latest report, written at ``at_ms`` (``None``: now):
+        it counts what was sent before then."""
+        self._waiting, self._drain_per_s = waiting, drain_per_s
+        self._at_ms = self._clock_ms() if at_ms is None else at_ms
+        while self._sent and self._sent[0][0] <= self._at_ms:
+            self._sent.popleft()
+
+    def sent(self, n: int = 1) -> None:
+        """``n`` more model requests routed to the realtime lane now."""
+        if n:
+            now = self._clock_ms()
+            self._sent.append((now, n))
+            while self._sent[0][0] < now - self._stale_ms:  # no report came: forget
+                self._sent.popleft()
+
+    def full(self) -> LaneFull | None:
+        """The lane, when it takes no more model requests now."""
+        if self._at_ms is None or self._clock_ms() - self._at_ms > self._stale_ms:
+            return None
+        return realtime_full(self.waiting(), self._flow, self._drain_per_s)
+
+    def waiting(self) -> int:
+        """The records the lane has waiting now, as far as the gate can tell."""
+        sent = sum(n for _, n in self._sent)
+        elapsed_s = max(0, self._clock_ms() - (self._at_ms or 0)) / 1000
+        drained = (self._drain_per_s or 0.0) * elapsed_s
+        return max(0, round(self._waiting + sent - drained))
 
 
 def apply_level(

@@ -14,7 +14,7 @@ from schemas.messages import Lane
 from schemas.settings import BackendSettings, Settings
 from streams.client import LanewayClient
 from streams.kafka.topics import create_topics
-from streams.stores.backlog import BacklogBoard
+from streams.stores.backlog import BacklogBoard, LaneLoad
 from tests.integration.conftest import CHILD_ENV
 from workers.execution import Executor, backend_slots
 from workers.lane_worker import LaneWorker
@@ -71,6 +71,26 @@ async def test_stale_reports_are_ignored(settings: Settings) -> None:
         }
     finally:
         await redis.aclose()
+
+
+async def test_drain_rates_add_up_per_lane_beside_older_reports(settings: Settings) -> None:
+    redis = aioredis.from_url(settings.redis.url)
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    board = BacklogBoard(redis, prefix)
+    try:
+        now = int(time.time() * 1000)
+        await redis.hset(f"{prefix}:backlog", "realtime:older", f"2:{now - 3_000}")  # no rate
+        await board.report(Lane.REALTIME, "a", 3, 2.5)
+        await board.report(Lane.REALTIME, "b", 1, 1.5)
+        loads = await board.read_loads()
+        assert await board.read() == {Lane.REALTIME: 6, Lane.MEDIUM: 0, Lane.BULK: 0}
+    finally:
+        await redis.aclose()
+    assert loads is not None
+    realtime = loads[Lane.REALTIME]
+    assert (realtime.waiting, realtime.drain_per_s) == (6, 4.0) and realtime.wait_ms == 1500
+    assert realtime.at_ms is not None and now - 3_000 <= realtime.at_ms < now  # the oldest
+    assert loads[Lane.BULK] == LaneLoad(0) and loads[Lane.BULK].wait_ms is None
 
 
 NO_CACHE = {"cache": "bypass"}

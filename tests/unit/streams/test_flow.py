@@ -6,9 +6,17 @@ from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, Rout
 from schemas.settings import FlowSettings, RoutingSettings, Settings
 from streams.classify.classifier import SourceRecord, classify_record
 from streams.classify.features import Complexity
-from streams.classify.flow import FlowController, LaneFull, Shed, apply_level, realtime_full
+from streams.classify.flow import (
+    FlowController,
+    LaneFull,
+    RealtimeGate,
+    Shed,
+    apply_level,
+    realtime_full,
+)
 from streams.classify.policy import Decision
 from streams.rules.engine import RuleBook
+from streams.stores.backlog import DrainRate
 
 
 def controller() -> FlowController:
@@ -145,3 +153,52 @@ def test_a_full_realtime_lane_still_answers_by_rules() -> None:
     greeting = RuleBook().answer("hello")
     assert classified("hello", Found(rule=greeting)) == "answered"
     assert classified("What is the capital of France?", Found()) == "shed"
+
+
+def test_realtime_is_full_when_its_waiting_would_take_too_long_to_reach() -> None:
+    flow = FlowSettings(realtime_max_backlog=16, realtime_max_wait_ms=2_000)
+    assert realtime_full(7, flow, 4.0) is None  # 1.75 s of work ahead
+    assert realtime_full(8, flow, 4.0) == LaneFull(Lane.REALTIME, 8, 1_000)  # 2 s
+    assert realtime_full(15, flow, None) is None  # no rate known: the count mark alone
+    assert realtime_full(16, flow, 100.0) is not None
+    assert realtime_full(15, FlowSettings(realtime_max_wait_ms=None), 0.5) is None
+
+
+def test_the_realtime_gate_carries_the_count_between_reports() -> None:
+    now = [10_000]
+    gate = RealtimeGate(FlowSettings(realtime_max_wait_ms=2_000), clock_ms=lambda: now[0])
+    gate.reported(3, 2.0, at_ms=10_000)
+    assert gate.waiting() == 3 and gate.full() is None  # 1.5 s
+    gate.sent(2)  # routed there since: 2.5 s
+    assert gate.waiting() == 5 and gate.full() is not None
+    now[0] = 11_000  # a second at 2 a second
+    assert gate.waiting() == 3 and gate.full() is None
+    gate.reported(10, 2.0, at_ms=9_500)  # an older report: the sends after it still count
+    assert gate.waiting() == 10 + 2 - 3 and gate.full() is not None
+    gate.reported(0, 2.0, at_ms=11_000)  # written after the sends: it counts them
+    assert gate.waiting() == 0 and gate.full() is None
+    gate.reported(40, None, at_ms=11_000)  # no rate: nothing drains, the count mark judges
+    assert gate.waiting() == 40 and gate.full() is not None
+    now[0] = 41_001  # no report for 30 s (Redis down, flow control off): fail open
+    assert gate.full() is None
+
+
+def test_a_gate_that_never_had_a_report_says_nothing_is_full() -> None:
+    now = [0]
+    gate = RealtimeGate(FlowSettings(), clock_ms=lambda: now[0])
+    for _ in range(100):  # flow control off: sends, no reports
+        now[0] += 1_000
+        gate.sent(5)
+    assert gate.full() is None and gate.waiting() <= 5 * 31  # what is older is forgotten
+
+
+def test_a_drain_rate_counts_busy_time_once_and_skips_idle_time() -> None:
+    rate = DrainRate(window_s=10.0)
+    assert rate.per_s(0.0) is None
+    rate.add(0.0, 2.0, 4)
+    rate.add(1.0, 3.0, 4)  # in flight beside the first: 3 busy seconds, not 4
+    assert rate.per_s(3.0) == pytest.approx(8 / 3)
+    rate.add(7.0, 8.0, 2)  # after 4 idle seconds, which do not count
+    assert rate.per_s(8.0) == pytest.approx(10 / 4)
+    assert rate.per_s(12.5) == pytest.approx(6 / 3)  # the first batch left the window
+    assert rate.per_s(30.0) is None
