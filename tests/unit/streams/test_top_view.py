@@ -102,3 +102,18 @@ def test_without_an_older_scrape_there_are_no_rates_and_nothing_answered_says_so
     assert all(row.per_s is None for row in view.lanes)
     assert view.workers_alive is None
     assert len(view.notes) == 2
+
+
+def test_a_registry_path_beyond_light_and_heavy_has_its_row() -> None:
+    worker = Process()
+    older = Scrape.parse([worker.text()], at_s=10.0)
+    for _ in range(4):
+        worker.results.labels("medium", "mid", "ok", "").inc()
+    newer = Scrape.parse([worker.text()], at_s=12.0)
+    card = WorkerCard("w1", Lane.MEDIUM, (PathCard(Path("mid"), "llamacpp", "q", "cpu"),), 8)
+    stats = {Path("mid"): PathStats(latency_ms=700.0, outcomes=[1, 1], n=2)}
+    view = snapshot(older, newer, workers=[card], stats=stats)
+    paths = [row.path for row in view.paths]
+    assert paths == [Path.CACHE, Path.RULES, Path.LIGHT, Path.HEAVY, Path("mid")]
+    mid = view.paths[-1]
+    assert mid.share == pytest.approx(1.0) and mid.latency_ms == 700.0 and mid.success == 1.0
