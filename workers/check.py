@@ -123,12 +123,12 @@ def run_check(settings: Settings, paths: Sequence[str] | None, *, as_json: bool 
     """``laneway check``: 0 when every model answered, else 1; ``paths``:
     the model paths to check (``None``: every path of the registry)."""
     registry = load_registry(settings.routing.models_file, settings.backend)
-    chosen = [Path(p) for p in paths] if paths else list(registry.model_paths)
-    unknown = [str(p) for p in chosen if registry.for_path(p) is None]
+    known = [str(p) for p in registry.model_paths]
+    unknown = [p for p in paths or () if p not in known]
     if unknown:
-        known = [str(p) for p in registry.model_paths]
         print(f"laneway check: no model path {unknown} in the registry: it has {known}")
         return 2
+    chosen = [Path(p) for p in paths] if paths else list(registry.model_paths)
     checks = asyncio.run(check_paths(settings, chosen))
     failed = [c for c in checks if not c.ok]
     if as_json:

@@ -10,6 +10,7 @@ lane topics). Levels, each keeping what the one below it does:
 
 "light" is the lane's cheapest model path in the registry (``cheapest``;
 built-in: ``light``), "heavy" any other model path.
+
 Apart from the levels, a realtime lane with more than
 ``realtime_max_backlog`` requests waiting, or whose waiting requests its
 workers need more than ``realtime_max_wait_ms`` to take (at the rate they
