@@ -36,6 +36,7 @@ from schemas.messages import Lane, Path
 from schemas.settings import FlowSettings
 from streams.classify.features import Complexity
 from streams.classify.policy import Decision
+from streams.stores.backlog import LaneLoad
 
 __all__ = ["FlowController", "LaneFull", "RealtimeGate", "Shed", "apply_level", "realtime_full"]
 
@@ -95,7 +96,7 @@ def realtime_full(
     or would wait ``realtime_max_wait_ms`` or more for workers that answer
     ``drain_per_s`` records a busy second (``None``: not known)."""
     by_count = flow.realtime_max_backlog is not None and waiting >= flow.realtime_max_backlog
-    wait_ms = waiting / drain_per_s * 1000 if drain_per_s else None
+    wait_ms = LaneLoad(waiting, drain_per_s).wait_ms
     by_time = (
         flow.realtime_max_wait_ms is not None
         and wait_ms is not None

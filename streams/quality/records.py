@@ -250,10 +250,10 @@ def _merged_quality(parts: list[PartStats], window: int, weight: float) -> float
     it, whichever partition it lands on). Parts written before verdicts were
     kept: each one's quality weighted by its feedback."""
     if all(len(p.verdicts) >= min(p.feedbacks, window) for p in parts):
-        quality = 1.0
+        replay = PathStats(latency_ms=0.0)  # quality 1, as a fresh record
         for _, score in sorted(v for p in parts for v in p.verdicts)[-window:]:
-            quality = weight * (score + 1) / 2 + (1 - weight) * quality
-        return quality
+            replay.feedback(score, weight=weight)
+        return replay.quality
     said = sum(p.feedbacks for p in parts)
     if said:
         return sum(p.feedbacks * p.stats.quality for p in parts) / said
