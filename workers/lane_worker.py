@@ -29,7 +29,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
@@ -131,7 +131,6 @@ class LaneWorker:
         self._worker_id = uuid.uuid4().hex[:8]
         self._probed: set[int] = set()
         """Slots (by ``id``) whose backend loaded and answered a test inference."""
-        self._reported_at = 0.0
         self.drain = DrainRate()
         """Records this worker answers a busy second (on the backlog board)."""
         self._next_offset: dict[TopicPartition, int] = {}
@@ -231,6 +230,7 @@ class LaneWorker:
         lane = self.lane_settings
         relay = asyncio.create_task(self.relay.run(self._stopping))
         announcing = asyncio.create_task(self._announce_until_stopped())
+        reporting = asyncio.create_task(self._report_until_stopped())
         inflight: list[asyncio.Task[None]] = []
         try:
             while not self._stopping.is_set():
@@ -249,7 +249,6 @@ class LaneWorker:
                     max_wait_s=lane.max_wait_ms / 1000,
                     idle_timeout_s=0.5,
                 )
-                await self._report_backlog()  # before a batch that may run for seconds
                 if records:
                     after = inflight[-1] if inflight else None
                     task = asyncio.create_task(self.process(records, after=after))
@@ -265,6 +264,7 @@ class LaneWorker:
             raise
         finally:
             self._stopping.set()
+            reporting.cancel()
             announcing.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(announcing, timeout=2.0)  # withdraws the card
@@ -314,13 +314,25 @@ class LaneWorker:
         finally:
             await self.workers.withdraw(self._worker_id)
 
+    async def _report_until_stopped(self) -> None:
+        """Report the backlog every ``flow.interval_s``, beside the batch
+        loop: while two batches in flight hold that loop for seconds, the
+        realtime gate still hears how much waits (reported only between
+        batches, the report lagged a batch, and the gate let through what
+        then waited twice its mark)."""
+        if self.board is None:
+            return
+        while not self._stopping.is_set():
+            try:
+                await self._report_backlog()
+            except (KafkaError, OSError) as exc:  # the broker will answer the next one
+                log.debug("%s backlog report failed: %s", self.lane, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=self.settings.flow.interval_s)
+
     async def _report_backlog(self) -> None:
         """Tell the flow controller how many records wait on this worker's partitions."""
-        assert self._consumer is not None
-        now = time.monotonic()
-        if self.board is None or now - self._reported_at < self.settings.flow.interval_s:
-            return
-        self._reported_at = now
+        assert self._consumer is not None and self.board is not None
         assignment = list(self._consumer.assignment())
         waiting = 0
         if assignment:

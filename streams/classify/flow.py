@@ -110,8 +110,8 @@ def realtime_full(
 class RealtimeGate:
     """Whether the realtime lane takes another model request. The workers'
     last report says how many records waited and how fast they drain; a
-    worker reports about once a second, and not while its batches in flight
-    hold it, so the gate carries the count forward as a queue would: plus
+    worker reports once a ``flow.interval_s``, so between reports the gate
+    carries the count forward as a queue would: plus
     the model requests this classifier has sent the lane since the report
     was written, less what the workers drained at their rate meanwhile.
     Without a report younger than ``stale_ms`` (none yet, flow control off,

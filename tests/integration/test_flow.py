@@ -57,6 +57,49 @@ async def test_a_worker_reports_what_waits_on_its_partitions(settings: Settings)
     assert backlog is not None and backlog[Lane.BULK] == 4 and backlog[Lane.REALTIME] == 0
 
 
+async def test_the_backlog_is_reported_on_its_own_timer(settings: Settings) -> None:
+    """No batch loop runs (as while two long batches hold it): the reporter
+    still tells the board what waits, and again once more arrives."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
+    flow = settings.flow.model_copy(update={"interval_s": 0.1})
+    own = settings.model_copy(update={"kafka": kafka, "app_id": prefix, "flow": flow})
+    await create_topics(own)
+    producer = AIOKafkaProducer(**own.kafka.client_options())
+    await producer.start()
+    redis = aioredis.from_url(own.redis.url)
+    board = BacklogBoard(redis, prefix)
+    rules = backend_slots(BackendSettings(light="rules", heavy="rules"))
+    worker = LaneWorker(own, Lane.REALTIME, executor=Executor(Lane.REALTIME, rules), board=board)
+    await worker.start()
+    reporting = asyncio.create_task(worker._report_until_stopped())
+
+    async def waiting_becomes(n: int) -> int | None:
+        seen = None
+        for _ in range(100):
+            backlog = await board.read()
+            seen = None if backlog is None else backlog[Lane.REALTIME]
+            if seen == n:
+                break
+            await asyncio.sleep(0.1)
+        return seen
+
+    try:
+        topic = own.lane_topic(Lane.REALTIME)
+        for i in range(3):
+            await producer.send_and_wait(topic, b"{}", partition=0, key=str(i).encode())
+        assert await waiting_becomes(3) == 3
+        for i in range(4):
+            await producer.send_and_wait(topic, b"{}", partition=0, key=str(i).encode())
+        assert await waiting_becomes(7) == 7
+    finally:
+        worker.stop()
+        await asyncio.wait_for(reporting, timeout=5)
+        await worker.close()
+        await producer.stop()
+        await redis.aclose()
+
+
 async def test_stale_reports_are_ignored(settings: Settings) -> None:
     redis = aioredis.from_url(settings.redis.url)
     prefix = f"t{uuid.uuid4().hex[:8]}"
