@@ -5,9 +5,11 @@ Each CPU model is loaded once and given the same requests (different
 prompts, greedy) at every batch size: in batches of 1, then of 2, and so on,
 each batch waiting for the one before, then with two batches in flight as a
 lane worker keeps them (the second joins the running decode as the first's
-short answers finish). Tokens/s and requests/s per batch size, and their
-ratio to batch 1, are measured side by side in one run, so a noisy machine
-moves every row alike.
+short answers finish), then with that many sequences kept in flight, each
+replaced by the next prompt as soon as it finishes ("refill": continuous
+batching at its best, no sequence waiting for its batch-mates). Tokens/s
+and requests/s per batch size, and their ratio to batch 1, are measured
+side by side in one run, so a noisy machine moves every row alike.
 ``direct_rates`` is the reusable part: the pipeline-efficiency bench calls it
 for the ceiling a model reaches when called directly.
 """
@@ -45,6 +47,9 @@ class Rate:
     """CPU time of the whole process: on a shared machine, less swayed by
     the other processes than the wall clock."""
     errors: int = 0
+    refilled: bool = False
+    """``batch_size`` sequences kept in flight, each replaced as it finishes,
+    instead of whole batches."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -78,10 +83,12 @@ async def direct_rates(
     max_tokens: int,
     kind: str = "llamacpp",
     inflight: Sequence[int] = (1,),
+    refill: bool = False,
 ) -> list[Rate]:
     """Rates of ``model`` on ``kind``, called directly: at each batch size
     (and number of batches in flight), every prompt once, in batches of that
-    size. The backend may decode as many sequences together as the largest
+    size; with ``refill``, also that many sequences kept in flight one by
+    one. The backend may decode as many sequences together as the largest
     batch times the most batches in flight."""
     if kind == "llamacpp":
         together = min(len(prompts), max(batch_sizes) * max(inflight))
@@ -100,6 +107,8 @@ async def direct_rates(
         for size in batch_sizes:
             for depth in inflight:
                 rates.append(await _timed(backend, model, inputs, size, depth))
+            if refill and size > 1:
+                rates.append(await _refilled(backend, model, inputs, size))
     finally:
         await backend.close()
     return rates
@@ -126,6 +135,29 @@ async def _timed(
     return Rate(model, size, depth, len(inputs), tokens, seconds, cpu, errors)
 
 
+async def _refilled(
+    backend: Backend, model: str, inputs: Sequence[GenerationInput], width: int
+) -> Rate:
+    """``width`` callers, each sending the next prompt alone as soon as its
+    last one is answered: the backend always has ``width`` sequences."""
+    tokens = errors = 0
+    queue = iter(inputs)
+
+    async def caller() -> None:
+        nonlocal tokens, errors
+        for item in queue:  # shared: each prompt goes to one caller
+            (outcome,) = await backend.infer_batch([item])
+            if isinstance(outcome, Generation):
+                tokens += outcome.completion_tokens
+            else:
+                errors += 1
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(caller() for _ in range(width)))
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    return Rate(model, width, 1, len(inputs), tokens, seconds, cpu, errors, refilled=True)
+
+
 def format_rates(rates: Sequence[Rate]) -> str:
     header = (
         f"{'model':<21} {'batch':>5} {'in flight':>9} {'tokens/s':>9} {'requests/s':>11} "
@@ -138,8 +170,9 @@ def format_rates(rates: Sequence[Rate]) -> str:
         base = first.setdefault(rate.model, rate)
         wall = rate.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0
         cpu = rate.tokens_per_cpu_s / base.tokens_per_cpu_s if base.tokens_per_cpu_s else 0.0
+        depth = "refill" if rate.refilled else str(rate.inflight)
         lines.append(
-            f"{rate.model:<21} {rate.batch_size:>5} {rate.inflight:>9} {rate.tokens_per_s:>9.1f} "
+            f"{rate.model:<21} {rate.batch_size:>5} {depth:>9} {rate.tokens_per_s:>9.1f} "
             f"{rate.requests_per_s:>11.2f} {wall:>9.2f}x {rate.tokens_per_cpu_s:>12.1f} "
             f"{cpu:>9.2f}x {rate.completion_tokens:>7} {rate.seconds:>8.1f} {rate.errors:>6}"
         )
@@ -158,17 +191,21 @@ def run_backend_bench(settings: Settings, args: argparse.Namespace) -> int:
     if not modes or set(modes) - set(MODES):
         print(f"laneway bench: --modes {args.modes!r} is not a list of {', '.join(MODES)}")
         return 2
+    models = [m.strip() for m in str(args.models).split(",") if m.strip()] or list(KNOWN_MODELS)
+    if set(models) - set(KNOWN_MODELS):
+        print(f"laneway bench: --models {args.models!r} is not a list of {', '.join(KNOWN_MODELS)}")
+        return 2
     prompts = bench_prompts(2 * max(sizes))  # two in flight of the largest batch
 
     async def measure() -> list[Rate]:
         rates: list[Rate] = []
-        for model in KNOWN_MODELS:
+        for model in models:
             for mode in modes:
                 backend = settings.backend.model_copy(
                     update={"llamacpp_batch_invariant": MODES[mode]}
                 )
                 measured = await direct_rates(
-                    backend, model, sizes, prompts, args.max_tokens, args.backend, (1, 2)
+                    backend, model, sizes, prompts, args.max_tokens, args.backend, (1, 2), True
                 )
                 label = model if len(modes) == 1 else f"{model} {mode}"
                 rates += [dataclasses.replace(rate, model=label) for rate in measured]
@@ -178,10 +215,11 @@ def run_backend_bench(settings: Settings, args: argparse.Namespace) -> int:
     print(
         f"\nlaneway bench --backend {args.backend}: {len(prompts)} different prompts at "
         f"every batch size, greedy, max_tokens {args.max_tokens}, "
-        f"n_threads {settings.backend.n_threads}; one batch at a time, and two in flight "
-        "as a lane worker keeps them; ratios against batch 1, one at a time (tokens per CPU "
-        "second: the same work measured by the process's CPU time, which the machine's other "
-        "processes sway less than the wall clock)"
+        f"n_threads {settings.backend.n_threads}; one batch at a time, two in flight "
+        "as a lane worker keeps them, and 'refill': that many sequences kept in flight, each "
+        "replaced by the next prompt as it finishes; ratios against batch 1, one at a time "
+        "(tokens per CPU second: the same work measured by the process's CPU time, which "
+        "the machine's other processes sway less than the wall clock)"
     )
     print(format_rates(rates))
     return 1 if any(r.errors for r in rates) else 0

@@ -131,6 +131,11 @@ def _parser() -> argparse.ArgumentParser:
         help="--backend llamacpp: invariant and/or fast (LANEWAY_BACKEND_LLAMACPP_BATCH_INVARIANT)",
     )
     bench.add_argument(
+        "--models",
+        default="",
+        help="--backend: which wheel-shipped models, comma-separated (default: all)",
+    )
+    bench.add_argument(
         "--pipeline",
         action="store_true",
         help="one model called directly, then through Kafka and a bulk worker: efficiency",

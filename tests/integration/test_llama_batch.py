@@ -172,3 +172,20 @@ async def test_the_fast_mode_decodes_a_batch_in_one_shared_cache() -> None:
     assert all(0 < g.completion_tokens <= 24 and g.prompt_tokens for g in together)
     assert sum(bool(g.text) for g in together) >= 6  # the base model opens some with a blank line
     assert alone.text and alone.prompt_tokens == together[0].prompt_tokens
+
+
+async def test_the_backend_bench_answers_every_prompt_in_each_shape() -> None:
+    """``laneway bench --backend``: whole batches one at a time, two in
+    flight, and sequences refilled one by one each answer every prompt once."""
+    from streams.tools.bench_backend import bench_prompts, direct_rates, format_rates
+
+    prompts = bench_prompts(4)
+    rates = await direct_rates(
+        BackendSettings(), "smollm2-135m", [1, 2], prompts, 4, inflight=(1, 2), refill=True
+    )
+    shapes = [(r.batch_size, r.inflight, r.refilled) for r in rates]
+    assert shapes == [(1, 1, False), (1, 2, False), (2, 1, False), (2, 2, False), (2, 1, True)]
+    for rate in rates:
+        assert (rate.requests, rate.errors) == (4, 0)
+        assert 4 <= rate.completion_tokens <= 16
+    assert format_rates(rates).splitlines()[-1].split()[1:3] == ["2", "refill"]
