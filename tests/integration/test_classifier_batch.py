@@ -16,6 +16,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -146,7 +147,14 @@ async def test_pipelined_lookups_find_what_one_by_one_lookups_find(
         elif rule is not None:  # rules now come before the semantic cache
             assert looked.found.rule == rule and looked.found.hit is None, request.id
         else:
-            assert looked.found.hit == hit and looked.found.rule is None, request.id
+            # Embedded in a batch or alone, a vector may differ in its last
+            # bits (torch picks kernels by batch shape): the same entry, at
+            # the same similarity up to float32 rounding.
+            assert looked.found.rule is None, request.id
+            assert (looked.found.hit is None) == (hit is None), request.id
+            if hit is not None and looked.found.hit is not None:
+                assert looked.found.hit.similarity == pytest.approx(hit.similarity, abs=1e-5)
+                assert replace(looked.found.hit, similarity=hit.similarity) == hit, request.id
         assert looked.found.intent == book.classify(text)[0]
         assert looked.found.history_turns == len(one_history)
 
