@@ -510,7 +510,9 @@ class BackendSettings(BaseSettings):
     KV caches per sequence and weights without llama.cpp's repacked kernels.
     ``false``: one unified KV cache and the repacked kernels, faster at batch
     (``laneway bench --backend llamacpp --modes invariant,fast``) while a
-    greedy answer may change with its batch-mates."""
+    greedy answer may change with its batch-mates. On a CPU with AMX the
+    repacked kernels crash this llama.cpp, so there ``false`` gives the
+    unified cache alone (``workers.backends.llama_batch.extra_buffers_work``)."""
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     """An OpenAI-compatible server, e.g. ``vllm serve`` or ``llama_cpp.server``."""
     openai_api_key: SecretStr = SecretStr("none")

@@ -212,6 +212,11 @@ def run_backend_bench(settings: Settings, args: argparse.Namespace) -> int:
         return rates
 
     rates = asyncio.run(measure())
+    if "fast" in modes:
+        from workers.backends.llama_batch import extra_buffers_work
+
+        repacked = "yes" if extra_buffers_work() else "no: they crash on this CPU's AMX"
+        print(f"\nfast mode: one unified KV cache; repacked kernels: {repacked}")
     print(
         f"\nlaneway bench --backend {args.backend}: {len(prompts)} different prompts at "
         f"every batch size, greedy, max_tokens {args.max_tokens}, "

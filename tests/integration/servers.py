@@ -16,10 +16,12 @@ from workers.models import resolve_gguf
 
 @contextlib.contextmanager
 def llama_cpp_server(port: int, model: str = "smollm2-135m") -> Iterator[str]:
-    """A real OpenAI-compatible server (llama_cpp.server) serving a wheel's
-    GGUF model under the alias ``smollm2``; yields its base URL."""
+    """A real OpenAI-compatible server (llama_cpp.server, started by
+    ``llama_server_main.py`` so that it runs on a CPU with AMX too) serving a
+    wheel's GGUF model under the alias ``smollm2``; yields its base URL."""
     path = resolve_gguf(model, FsPath("."))
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(path)]
+    launcher = FsPath(__file__).with_name("llama_server_main.py")
+    command = [sys.executable, str(launcher), "--model", str(path)]
     command += ["--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--n_threads", "1"]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -24,6 +24,17 @@ the lowest free id, the highest moves into an id freed below it (its KV
 cache copied whole), and the batch is laid out in id order (with holes, 4
 sequences on ids 0, 2, 4, 6 cost Gemma as much CPU as 8 on 0..7).
 
+Prompts that begin alike (the system prompt every request carries, a
+conversation's earlier turns) share that beginning's KV cache: the decoder
+keeps the longest common start of two consecutive prompts (at least
+``MIN_SHARED_PREFIX`` tokens by default) on a sequence id of its own, one past the
+last, copied from the sequence that decoded it; a new sequence whose prompt
+starts the same way gets that KV cache copied into its own, and decodes only
+the rest. Every sequence that uses it reads the same cached values, so the
+batch-invariance above holds with it (greedy answers still do not depend on
+the batch-mates); what the first prompt computed alone may differ from them
+in the last bits, like any other change of step shape.
+
 Callers ``submit`` sequences from any thread and get a future per sequence.
 Between steps the thread admits waiting sequences, oldest first, while a
 sequence slot is free and the prompt + ``max_tokens`` of the sequences in
@@ -59,11 +70,26 @@ from schemas.errors import (
 from workers.backends.base import map_backend_exception
 from workers.backends.sampling import Sampler, StopScanner
 
-__all__ = ["BatchDecoder", "Decoded", "Result", "SequenceRequest", "admit_count", "plan_step"]
+__all__ = [
+    "MIN_SHARED_PREFIX",
+    "BatchDecoder",
+    "Decoded",
+    "Result",
+    "SequenceRequest",
+    "admit_count",
+    "common_prefix",
+    "extra_buffers_work",
+    "plan_step",
+]
 
 log = logging.getLogger(__name__)
 
 CUT_OFF = "generation was cut off at the request's deadline"
+
+MIN_SHARED_PREFIX = 8
+"""Fewest tokens worth sharing: with separate KV caches a copy moves a
+sequence's whole cache (tens of MB), which costs about what decoding a few
+prompt tokens does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +116,15 @@ class Decoded:
 Result = Decoded | LanewayError
 
 
+def extra_buffers_work() -> bool:
+    """Whether llama.cpp's extra CPU buffer types can be used. On a CPU with
+    AMX (Intel Sapphire Rapids and later) they include the AMX one, and the
+    first decode of llama-cpp-python 0.3.36 with Gemma-3 or SmolLM2 weights
+    there segfaults in ``ggml_backend_amx_mul_mat`` (seen under gdb on a
+    Xeon with AMX_INT8; llama.cpp issue 20824 reports a crash there too)."""
+    return b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info()
+
+
 def admit_count(costs: Sequence[int], free_slots: int, in_use: int, budget: int) -> int:
     """How many of the waiting sequences (their prompt + ``max_tokens``,
     oldest first) start now: strictly in order, so a large one is never
@@ -99,6 +134,16 @@ def admit_count(costs: Sequence[int], free_slots: int, in_use: int, budget: int)
         if n == free_slots or in_use + cost > budget:
             break
         in_use += cost
+        n += 1
+    return n
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` begin with alike."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
         n += 1
     return n
 
@@ -131,6 +176,8 @@ class _Sequence:
     scanner: StopScanner | None = None
     max_tokens: int = 0
     """The request's ``max_tokens``, shortened to the room its prompt leaves."""
+    donate: int = 0
+    """Prompt tokens this sequence leaves as the shared prefix once decoded."""
 
     @property
     def cost(self) -> int:
@@ -157,13 +204,25 @@ class BatchDecoder:
         repeat_penalty: float,
         n_batch: int = 512,
         batch_invariant: bool = True,
+        min_shared_prefix: int | None = MIN_SHARED_PREFIX,
     ) -> None:
         """``batch_invariant``: separate KV caches and no repacked kernels,
         so a greedy answer does not depend on its batch-mates (see above);
         ``False``: one unified KV cache and llama.cpp's repacked kernels,
-        faster at batch, answers that may move with the batch."""
+        faster at batch, answers that may move with the batch.
+        ``min_shared_prefix``: fewest tokens a shared prefix holds (``None``:
+        prompts share nothing)."""
         self.model_path = model_path
         self.batch_invariant = batch_invariant
+        self.repacked = not batch_invariant and extra_buffers_work()
+        """Weights loaded into llama.cpp's extra CPU buffer types (repacked kernels)."""
+        if not batch_invariant and not self.repacked:
+            log.warning(
+                "llama.cpp's extra CPU buffers include AMX on this CPU, and its AMX "
+                "kernels crash on these models: %s keeps the unified KV cache but "
+                "not the repacked kernels",
+                model_path,
+            )
         self.max_sequences = max_sequences
         self.max_batch_tokens = max_batch_tokens
         self._n_ctx = n_ctx
@@ -189,6 +248,14 @@ class BatchDecoder:
         """Most sequences that were ever decoded together (for tests and the bench)."""
         self.moved_sequences = 0
         """Sequences moved to a lower seq id (``_compact``)."""
+        self.shared_tokens = 0
+        """Prompt tokens not decoded because a shared prefix held them."""
+        self._prefix: list[int] = []
+        """The tokens whose KV cache the prefix sequence id holds."""
+        self._last_prompt: list[int] = []
+        self._prefix_id = max_sequences
+        self._min_shared = min_shared_prefix
+        """The seq id that keeps the shared prefix: one past the sequences'."""
         self._llama: Any = None
         self._model: Any = None
         self._ctx: Any = None
@@ -263,7 +330,7 @@ class BatchDecoder:
             self._llama = Llama(model_path=self.model_path, vocab_only=True, verbose=False)
             model_params = llama_cpp.llama_model_default_params()
             model_params.n_gpu_layers = 0
-            model_params.use_extra_bufts = not self.batch_invariant
+            model_params.use_extra_bufts = self.repacked
             self._model = llama_cpp.llama_model_load_from_file(
                 self.model_path.encode(), model_params
             )
@@ -278,8 +345,8 @@ class BatchDecoder:
         self.bos_text = self._piece(bos, special=True).decode(errors="ignore") if bos >= 0 else ""
         self.eos_text = self._piece(eos, special=True).decode(errors="ignore") if eos >= 0 else ""
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = self._n_ctx * self.max_sequences
-        params.n_seq_max = self.max_sequences
+        params.n_ctx = self._n_ctx * (self.max_sequences + 1)  # and the shared prefix
+        params.n_seq_max = self.max_sequences + 1
         params.kv_unified = not self.batch_invariant
         params.n_batch = params.n_ubatch = self._n_batch
         params.n_threads = params.n_threads_batch = self._n_threads
@@ -383,8 +450,39 @@ class BatchDecoder:
             seq = self._waiting.popleft()
             seq.slot = min(self._free_slots)
             self._free_slots.remove(seq.slot)
+            self._start_from_prefix(seq)
             self._active.append(seq)
         self.peak_sequences = max(self.peak_sequences, len(self._active))
+
+    def _start_from_prefix(self, seq: _Sequence) -> None:
+        """Give ``seq`` the shared prefix's KV cache when its prompt begins
+        with enough of it; else, when it begins like the prompt before it,
+        have it leave that beginning as the new shared prefix."""
+        least = self._min_shared
+        if least is None:
+            return
+        last = len(seq.prompt) - 1  # the last prompt token is decoded: its logits
+        shared = min(common_prefix(seq.prompt, self._prefix), last)
+        if shared >= least:
+            llama_cpp.llama_memory_seq_cp(self._mem, self._prefix_id, seq.slot, -1, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, shared, -1)
+            seq.n_past = shared
+            del seq.todo[:shared]
+            self.shared_tokens += shared
+        elif not any(other.donate for other in self._active):  # one donor at a time
+            alike = min(common_prefix(seq.prompt, self._last_prompt), last)
+            seq.donate = alike if alike >= least else 0
+        self._last_prompt = seq.prompt
+
+    def _keep_prefix(self, seq: _Sequence) -> None:
+        """``seq`` decoded its prompt: its first ``donate`` tokens become the
+        shared prefix."""
+        prefix = self._prefix_id
+        llama_cpp.llama_memory_seq_rm(self._mem, prefix, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self._mem, seq.slot, prefix, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self._mem, prefix, seq.donate, -1)
+        self._prefix = seq.prompt[: seq.donate]
+        seq.donate = 0
 
     def _compact(self) -> None:
         """Keep the sequences in flight on seq ids 0..n-1 (llama.cpp computes
@@ -435,6 +533,8 @@ class BatchDecoder:
                 self._finish(seq, error)
             return
         for seq, i in outputs:
+            if seq.donate:
+                self._keep_prefix(seq)
             pointer = llama_cpp.llama_get_logits_ith(self._ctx, i)
             logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
             assert seq.sampler is not None

@@ -18,6 +18,7 @@ from workers.backends.llama_batch import (
     Result,
     SequenceRequest,
     admit_count,
+    common_prefix,
     plan_step,
 )
 from workers.models import resolve_gguf
@@ -34,6 +35,12 @@ def test_each_sequence_gets_a_token_before_prompts_fill_the_rest() -> None:
     assert plan_step([1, 1, 300, 400], n_batch=256) == [1, 1, 253, 1]
     assert plan_step([1, 1, 2, 3], n_batch=512) == [1, 1, 2, 3]
     assert plan_step([600], n_batch=512) == [512]
+
+
+def test_a_common_prefix_is_counted_in_tokens() -> None:
+    assert common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0 and common_prefix([5], [6]) == 0
 
 
 def chat(question: str) -> str:
@@ -208,3 +215,33 @@ def test_a_model_that_cannot_load_fails_start() -> None:
     (late,) = engine.submit([SequenceRequest("x", max_tokens=1)])
     assert isinstance(late.result(timeout=1), BackendUnavailable)
     assert isinstance(late, concurrent.futures.Future)
+
+
+def test_prompts_that_begin_alike_share_that_beginning(decoder: BatchDecoder) -> None:
+    system = (
+        "<|im_start|>system\nYou are a careful assistant. Answer every question in one "
+        "short sentence, plainly and without lists.<|im_end|>\n"
+    )
+    prompts = [system + chat(q) for q in ("Name a fruit.", "Why is the sky blue?", "Say hi.")]
+    unshared = BatchDecoder(
+        decoder.model_path,
+        n_ctx=512,
+        max_sequences=4,
+        max_batch_tokens=2048,
+        n_threads=1,
+        repeat_penalty=1.1,
+        min_shared_prefix=None,
+    )
+    unshared.start().result(timeout=60)
+    try:
+        plain = [decoded(run(unshared, SequenceRequest(p, max_tokens=16))[0]) for p in prompts]
+        assert unshared.shared_tokens == 0
+    finally:
+        unshared.close()
+    before = decoder.shared_tokens
+    # The first two leave their common start behind; the third starts from it.
+    one_by_one = [decoded(run(decoder, SequenceRequest(p, max_tokens=16))[0]) for p in prompts]
+    assert decoder.shared_tokens - before >= 20  # the system prompt, in tokens
+    together = [decoded(r) for r in run(decoder, *(SequenceRequest(p, 16) for p in prompts))]
+    assert decoder.shared_tokens - before >= 80  # the third, then all three
+    assert one_by_one == plain and together == plain
