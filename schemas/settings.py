@@ -189,7 +189,7 @@ class FlowSettings(BaseSettings):
     are refused at once (INF-429, ``realtime_retry_after_ms``) instead of
     queueing past their deadline; rule and cache answers are still given.
     ``None``: realtime is never refused."""
-    realtime_max_wait_ms: int | None = Field(default=2_000, ge=1)
+    realtime_max_wait_ms: int | None = Field(default=1_000, ge=1)
     """How long the realtime lane's waiting model requests may take its
     workers to reach (waiting / the records they answer a busy second)
     before new ones are refused at once like past ``realtime_max_backlog``.
@@ -237,6 +237,9 @@ class RealtimeLaneSettings(LaneSettings):
     nice: int = Field(default=0, ge=0, le=19)
     max_batch_size: int = Field(default=4, ge=1, le=1024)
     max_wait_ms: int = Field(default=10, ge=0, le=60_000)
+    max_inflight_batches: int = Field(default=1, ge=1, le=64)
+    """One batch at a time: a second one in the decoder nearly tripled the
+    realtime inference p99 at 3x load (``laneway bench --embedded --overload``)."""
 
 
 class MediumLaneSettings(LaneSettings):

@@ -218,6 +218,10 @@ class StepRow:
     other_errors: int
     lost: int
     realtime_p99_ms: float
+    realtime_queue_p99_ms: float = 0.0
+    """Of the realtime answers a model gave: p99 of the time they waited in
+    the lane, and of their inference (the result's own timings)."""
+    realtime_inference_p99_ms: float = 0.0
 
 
 async def overload_step(
@@ -254,6 +258,7 @@ def step_row(
         return r.error.code if r.error else None
 
     realtime = sorted(ms for r, ms in answered if r.lane == "realtime")
+    modelled = [r.timings for r, _ in answered if r.lane == "realtime" and r.timings.inference_ms]
     return StepRow(
         load=load,
         offered_rps=rate,
@@ -265,20 +270,24 @@ def step_row(
         other_errors=sum(code(r) not in (None, "INF-429", "INF-503") for r, _ in answered),
         lost=lost,
         realtime_p99_ms=_percentile(realtime, 0.99),
+        realtime_queue_p99_ms=_percentile(sorted(t.queue_ms for t in modelled), 0.99),
+        realtime_inference_p99_ms=_percentile(sorted(t.inference_ms for t in modelled), 0.99),
     )
 
 
 def format_steps(rows: Sequence[StepRow]) -> str:
     head = (
         f"{'load':>5} {'req/s':>6} {'sent':>5} {'ok':>5} {'degr':>5} {'429':>5} "
-        f"{'503':>5} {'err':>4} {'lost':>4} {'realtime p99 ms':>16}"
+        f"{'503':>5} {'err':>4} {'lost':>4} {'realtime p99 ms':>16} "
+        f"{'(model: queue':>13} {'inference)':>10}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r.load:4.0f}x {r.offered_rps:6.2f} {r.sent:5d} {r.ok:5d} {r.degraded:5d} "
             f"{r.limited:5d} {r.expired:5d} {r.other_errors:4d} {r.lost:4d} "
-            f"{r.realtime_p99_ms:16.1f}"
+            f"{r.realtime_p99_ms:16.1f} {r.realtime_queue_p99_ms:13.1f} "
+            f"{r.realtime_inference_p99_ms:10.1f}"
         )
     return "\n".join(lines)
 

@@ -1,5 +1,5 @@
 from schemas.errors import DeadlineExceeded, RateLimited
-from schemas.messages import InferenceResult
+from schemas.messages import InferenceResult, Timings
 from streams.tools.bench import (
     Sample,
     format_steps,
@@ -47,3 +47,16 @@ def test_overload_step_counts_every_outcome() -> None:
     )
     assert row.realtime_p99_ms == 12.0
     assert "2x" in format_steps([row])
+
+
+def test_overload_step_splits_realtime_model_time_into_queue_and_inference() -> None:
+    def answered(queue_ms: float, inference_ms: float) -> InferenceResult:
+        timings = Timings(queue_ms=queue_ms, inference_ms=inference_ms)
+        return InferenceResult(id="x", status="ok", lane="realtime", timings=timings)
+
+    rule = InferenceResult(id="r", status="ok", lane="realtime")  # no inference: not counted
+    row = step_row(
+        1.0, 1.0, [(answered(300, 900), 1300.0), (answered(20, 400), 500.0), (rule, 5.0)], 0
+    )
+    assert (row.realtime_queue_p99_ms, row.realtime_inference_p99_ms) == (300.0, 900.0)
+    assert format_steps([row]).splitlines()[-1].split()[-2:] == ["300.0", "900.0"]
