@@ -20,12 +20,25 @@ from workers.execution import Executor, backend_slots
 from workers.lane_worker import LaneWorker
 
 
-async def test_a_worker_reports_what_waits_on_its_partitions(settings: Settings) -> None:
+async def own_topics(settings: Settings, report_every_s: float) -> tuple[Settings, str]:
+    """Settings with topics of their own (created) and the backlog reported
+    every ``report_every_s``; and their prefix."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
     kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
-    flow = settings.flow.model_copy(update={"interval_s": 0.01})
+    flow = settings.flow.model_copy(update={"interval_s": report_every_s})
     own = settings.model_copy(update={"kafka": kafka, "app_id": prefix, "flow": flow})
     await create_topics(own)
+    return own, prefix
+
+
+def rules_worker(own: Settings, lane: Lane, board: BacklogBoard) -> LaneWorker:
+    """A worker of ``lane`` that answers from the rule book and reports to ``board``."""
+    rules = backend_slots(BackendSettings(light="rules", heavy="rules"))
+    return LaneWorker(own, lane, executor=Executor(lane, rules), board=board)
+
+
+async def test_a_worker_reports_what_waits_on_its_partitions(settings: Settings) -> None:
+    own, prefix = await own_topics(settings, report_every_s=0.01)
     producer = AIOKafkaProducer(**own.kafka.client_options())
     await producer.start()
     for i in range(5):
@@ -36,8 +49,7 @@ async def test_a_worker_reports_what_waits_on_its_partitions(settings: Settings)
 
     redis = aioredis.from_url(own.redis.url)
     board = BacklogBoard(redis, prefix)
-    rules = backend_slots(BackendSettings(light="rules", heavy="rules"))
-    worker = LaneWorker(own, Lane.BULK, executor=Executor(Lane.BULK, rules), board=board)
+    worker = rules_worker(own, Lane.BULK, board)
     await worker.start()
     try:
         fetched = []
@@ -60,17 +72,12 @@ async def test_a_worker_reports_what_waits_on_its_partitions(settings: Settings)
 async def test_the_backlog_is_reported_on_its_own_timer(settings: Settings) -> None:
     """No batch loop runs (as while two long batches hold it): the reporter
     still tells the board what waits, and again once more arrives."""
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
-    flow = settings.flow.model_copy(update={"interval_s": 0.1})
-    own = settings.model_copy(update={"kafka": kafka, "app_id": prefix, "flow": flow})
-    await create_topics(own)
+    own, prefix = await own_topics(settings, report_every_s=0.1)
     producer = AIOKafkaProducer(**own.kafka.client_options())
     await producer.start()
     redis = aioredis.from_url(own.redis.url)
     board = BacklogBoard(redis, prefix)
-    rules = backend_slots(BackendSettings(light="rules", heavy="rules"))
-    worker = LaneWorker(own, Lane.REALTIME, executor=Executor(Lane.REALTIME, rules), board=board)
+    worker = rules_worker(own, Lane.REALTIME, board)
     await worker.start()
     reporting = asyncio.create_task(worker._report_until_stopped())
 
