@@ -498,11 +498,12 @@ class BackendSettings(BaseSettings):
     """llama.cpp repetition penalty; small models loop without one."""
     llamacpp_max_sequences: int = Field(default=8, ge=1, le=64)
     """Sequences the llama.cpp backend decodes together, each with a KV cache
-    of ``n_ctx`` tokens of its own (the context holds ``n_ctx`` times this);
-    more requests wait for one to finish. On 2 cores one llama.cpp step cost
-    Gemma-3-270M 2.3x as much CPU for 2 sequences as for 1, 4.5x for 8, 8x
-    for 16: batching pays when many answers are long (``laneway bench
-    --backend llamacpp``)."""
+    of ``n_ctx`` tokens of its own (the context holds ``n_ctx`` times this
+    plus one, the shared prompt prefix's); more requests wait for one to
+    finish. On 2 cores of an AMD EPYC one llama.cpp step cost Gemma-3-270M
+    2.3x as much CPU for 2 sequences as for 1, 4.5x for 8, 8x for 16
+    (less on a Xeon with AVX512-VNNI: see the README): batching pays when
+    many answers are long (``laneway bench --backend llamacpp``)."""
     llamacpp_max_batch_tokens: int = Field(default=8192, ge=16)
     """Token budget of the sequences decoded together: their prompts plus
     ``max_tokens`` may not add up to more; a request waits until it fits. A

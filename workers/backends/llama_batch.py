@@ -254,8 +254,8 @@ class BatchDecoder:
         """The tokens whose KV cache the prefix sequence id holds."""
         self._last_prompt: list[int] = []
         self._prefix_id = max_sequences
-        self._min_shared = min_shared_prefix
         """The seq id that keeps the shared prefix: one past the sequences'."""
+        self._min_shared = min_shared_prefix
         self._llama: Any = None
         self._model: Any = None
         self._ctx: Any = None
