@@ -267,6 +267,8 @@ class LaneWorker:
             reporting.cancel()
             announcing.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reporting
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(announcing, timeout=2.0)  # withdraws the card
             if inflight:  # drain: each batch finishes and commits (cancelled with run())
                 await asyncio.gather(*inflight, return_exceptions=True)
