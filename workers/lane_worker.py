@@ -54,7 +54,7 @@ from workers.result_store import RecordKey, ResultStore, record_id
 from workers.retry import RetryRelay
 from workers.settle import Answer, give_up, reject_unreadable, settle_failures, terminal_for
 
-__all__ = ["AnsweredHook", "LaneWorker"]
+__all__ = ["AnsweredHook", "LaneWorker", "reported_backlog"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,16 @@ REPLAYED = Counter(
     "Redelivered requests answered from the result store instead of a model",
     ["lane"],
 )
+
+
+def reported_backlog(lane: Lane, waiting: int, running: int) -> int:
+    """What a worker reports as waiting: the records not yet taken; on the
+    realtime lane also those of the batch it is running, which a new
+    request waits behind too (without them the realtime gate let requests
+    in at its mark that then waited the mark plus a batch). Medium and bulk
+    leave them out: their load levels count the queue, and bulk keeps 64
+    records in flight."""
+    return waiting + running if lane is Lane.REALTIME else waiting
 
 
 class LaneWorker:
@@ -133,6 +143,8 @@ class LaneWorker:
         """Slots (by ``id``) whose backend loaded and answered a test inference."""
         self.drain = DrainRate()
         """Records this worker answers a busy second (on the backlog board)."""
+        self._running = 0
+        """Records of the batches in flight, not yet settled."""
         self._next_offset: dict[TopicPartition, int] = {}
         """Per partition, the offset after the last record handed to this worker."""
         self._committed: dict[TopicPartition, int] = {}
@@ -254,6 +266,7 @@ class LaneWorker:
                     task = asyncio.create_task(self.process(records, after=after))
                     taken = IN_FLIGHT.labels(self.lane)
                     taken.inc(len(records))
+                    self._running += len(records)
                     task.add_done_callback(
                         functools.partial(self._done, taken, len(records), time.monotonic())
                     )
@@ -351,7 +364,10 @@ class LaneWorker:
                     start = await self._committed_offset(tp)
                 waiting += max(0, end - start)
         await self.board.report(
-            self.lane, self._worker_id, waiting, self.drain.per_s(time.monotonic())
+            self.lane,
+            self._worker_id,
+            reported_backlog(self.lane, waiting, self._running),
+            self.drain.per_s(time.monotonic()),
         )
 
     async def _committed_offset(self, tp: TopicPartition) -> int:
@@ -371,6 +387,7 @@ class LaneWorker:
         """A batch taken at ``started`` is settled: out of the in-flight
         gauge, and into the drain rate when it ran to the end."""
         gauge.dec(records)
+        self._running -= records
         if not task.cancelled() and task.exception() is None:
             self.drain.add(started, time.monotonic(), records)
 
