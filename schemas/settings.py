@@ -182,7 +182,12 @@ class FlowSettings(BaseSettings):
     p95_exit_ms: tuple[int, int, int] = (5_000, 10_000, 20_000)
     hold_s: float = Field(default=5.0, ge=0)
     interval_s: float = Field(default=1.0, gt=0)
-    """How often workers report their backlog and the classifier re-reads it."""
+    """How often workers report their backlog (at least: they also report
+    when a batch starts or ends) and the classifier re-reads it for its load
+    levels."""
+    gate_interval_s: float = Field(default=0.2, gt=0)
+    """How often the classifier re-reads the realtime lane's backlog for its
+    gate (``RealtimeGate``); between reads it estimates."""
     shed_retry_after_ms: int = Field(default=5_000, ge=1)
     realtime_max_backlog: int | None = Field(default=16, ge=1)
     """Realtime model requests waiting on the realtime lane at which new ones

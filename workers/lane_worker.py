@@ -156,6 +156,8 @@ class LaneWorker:
         self.spans = exporter_for(settings.tracing, f"worker-{lane}")
         """Exports a span per lane record settled (``None``: no OTLP endpoint)."""
         self._stopping = asyncio.Event()
+        self._changed = asyncio.Event()
+        """A batch started or ended (or the worker is stopping): report now."""
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
 
@@ -227,6 +229,7 @@ class LaneWorker:
     def stop(self) -> None:
         """Stop taking work; the batch in flight is finished and committed."""
         self._stopping.set()
+        self._changed.set()
 
     async def run(self) -> None:
         """Consume the lane until ``stop()``, with the retry relay beside it.
@@ -267,6 +270,7 @@ class LaneWorker:
                     taken = IN_FLIGHT.labels(self.lane)
                     taken.inc(len(records))
                     self._running += len(records)
+                    self._changed.set()
                     task.add_done_callback(
                         functools.partial(self._done, taken, len(records), time.monotonic())
                     )
@@ -330,24 +334,29 @@ class LaneWorker:
             await self.workers.withdraw(self._worker_id)
 
     async def _report_until_stopped(self) -> None:
-        """Report the backlog every ``flow.interval_s``, beside the batch
-        loop: while two batches in flight hold that loop for seconds, the
-        realtime gate still hears how much waits (reported only between
-        batches, the report lagged a batch, and the gate let through what
-        then waited twice its mark)."""
+        """Report the backlog when a batch starts or ends, and at least every
+        ``flow.interval_s``, beside the batch loop: while batches in flight
+        hold that loop for seconds, the realtime gate still hears how much
+        waits (reported only between batches, the report lagged a batch,
+        and the gate let through what then waited twice its mark), and it
+        hears of a batch as it starts, not up to an interval later (between
+        reports it can only estimate, and its estimate let in what then
+        waited for a second batch)."""
         if self.board is None:
             return
         while not self._stopping.is_set():
+            self._changed.clear()
             try:
                 await self._report_backlog()
             except (KafkaError, OSError) as exc:  # the broker will answer the next one
                 log.debug("%s backlog report failed: %s", self.lane, exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=self.settings.flow.interval_s)
+                await asyncio.wait_for(self._changed.wait(), timeout=self.settings.flow.interval_s)
 
     async def _report_backlog(self) -> None:
         """Tell the flow controller how many records wait on this worker's partitions."""
         assert self._consumer is not None and self.board is not None
+        counted_ms = int(time.time() * 1000)  # before the listing: later sends are not in it
         assignment = list(self._consumer.assignment())
         waiting = 0
         if assignment:
@@ -368,6 +377,7 @@ class LaneWorker:
             self._worker_id,
             reported_backlog(self.lane, waiting, self._running),
             self.drain.per_s(time.monotonic()),
+            at_ms=counted_ms,
         )
 
     async def _committed_offset(self, tp: TopicPartition) -> int:
@@ -388,6 +398,7 @@ class LaneWorker:
         gauge, and into the drain rate when it ran to the end."""
         gauge.dec(records)
         self._running -= records
+        self._changed.set()
         if not task.cancelled() and task.exception() is None:
             self.drain.add(started, time.monotonic(), records)
 

@@ -237,8 +237,6 @@ def build_app(
             backlog = {lane: load.waiting for lane, load in loads.items()}
             for lane, waiting in backlog.items():
                 BACKLOG.labels(lane).set(waiting)
-            realtime = loads[Lane.REALTIME]
-            gate.reported(realtime.waiting, realtime.drain_per_s, realtime.at_ms)
             flow.update(sum(backlog.values()), now)
         latency = await latency_board.read()
         if latency is not None:
@@ -254,6 +252,17 @@ def build_app(
                 dict(backlog or {}),
                 {k.value: round(v) for k, v in (latency or {}).items()},
             )
+
+    @app.timer(settings.flow.gate_interval_s)
+    async def watch_realtime() -> None:
+        """Re-read the realtime lane's backlog for the gate, more often than
+        the load levels: a worker reports as its batches start and end."""
+        if not settings.flow.enabled:
+            return
+        loads = await backlog_board.read_loads()
+        if loads is not None:  # None: Redis cannot say; the gate fails open once stale
+            realtime = loads[Lane.REALTIME]
+            gate.reported(realtime.waiting, realtime.drain_per_s, realtime.at_ms)
 
     @app.timer(settings.worker_heartbeat_s)
     async def read_worker_board() -> None:

@@ -80,11 +80,18 @@ class BacklogBoard:
         self._stale_ms = int(stale_s * 1000)
 
     async def report(
-        self, lane: Lane, worker_id: str, waiting: int, drain_per_s: float | None = None
+        self,
+        lane: Lane,
+        worker_id: str,
+        waiting: int,
+        drain_per_s: float | None = None,
+        at_ms: int | None = None,
     ) -> None:
         """``waiting:at_ms`` (``:drain_per_s`` when known; readers before it
-        read the first two fields)."""
-        value = f"{waiting}:{int(time.time() * 1000)}"
+        read the first two fields). ``at_ms``: when ``waiting`` was counted
+        (``None``: now); what the classifier sent after it, it adds."""
+        at_ms = int(time.time() * 1000) if at_ms is None else at_ms
+        value = f"{waiting}:{at_ms}"
         if drain_per_s is not None:
             value += f":{drain_per_s:.3f}"
         try:

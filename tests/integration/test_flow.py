@@ -10,12 +10,12 @@ import uuid
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from schemas.messages import Lane
+from schemas.messages import InferenceRequest, Lane
 from schemas.settings import BackendSettings, Settings
 from streams.client import LanewayClient
 from streams.kafka.topics import create_topics
 from streams.stores.backlog import BacklogBoard, LaneLoad
-from tests.integration.conftest import CHILD_ENV
+from tests.integration.conftest import CHILD_ENV, produce_to_lane, routed_now
 from workers.execution import Executor, backend_slots
 from workers.lane_worker import LaneWorker
 
@@ -104,6 +104,48 @@ async def test_the_backlog_is_reported_on_its_own_timer(settings: Settings) -> N
         await asyncio.wait_for(reporting, timeout=5)
         await worker.close()
         await producer.stop()
+        await redis.aclose()
+
+
+async def test_a_worker_reports_as_its_batches_run_not_only_on_its_timer(
+    settings: Settings,
+) -> None:
+    """With a timer too slow to matter, the board still hears of new work:
+    a worker reports as each batch starts and as it ends."""
+    own, prefix = await own_topics(settings, report_every_s=600.0)
+    redis = aioredis.from_url(own.redis.url)
+    board = BacklogBoard(redis, prefix)
+    worker = rules_worker(own, Lane.REALTIME, board)
+    await worker.start()
+    running = asyncio.create_task(worker.run())
+
+    async def report_after(at_ms: int) -> LaneLoad | None:
+        for _ in range(200):
+            loads = await board.read_loads()
+            load = None if loads is None else loads[Lane.REALTIME]
+            if load is not None and load.at_ms is not None and load.at_ms > at_ms:
+                return load
+            await asyncio.sleep(0.05)
+        return None
+
+    try:
+        first = await report_after(0)  # the reporter's first, as the worker starts
+        assert first is not None and first.waiting == 0 and first.at_ms is not None
+        for i in range(3):
+            request = InferenceRequest(id=f"hello-{i}-{uuid.uuid4().hex[:6]}", prompt="hello")
+            await produce_to_lane(own, routed_now(request, own.replies_topic))
+        later = await report_after(first.at_ms)
+        assert later is not None, "no report within 10 s of a batch: only the 600 s timer"
+        # The last report, once the batches ended, has nothing waiting.
+        for _ in range(100):
+            if (await board.read() or {}).get(Lane.REALTIME) == 0 and worker._running == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert worker._running == 0 and (await board.read() or {}).get(Lane.REALTIME) == 0
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, timeout=10)
+        await worker.close()
         await redis.aclose()
 
 
