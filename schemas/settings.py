@@ -199,6 +199,15 @@ class FlowSettings(BaseSettings):
     workers to reach (waiting / the records they answer a busy second)
     before new ones are refused at once like past ``realtime_max_backlog``.
     ``None``: only the count mark."""
+    realtime_max_batches: float | None = Field(default=1.0, gt=0)
+    """How many times over the realtime lane's model requests (running and
+    waiting) may fill what its live workers run at once (each worker's
+    ``max_batch_size`` x ``max_inflight_batches``, from its heartbeat card)
+    before new ones are refused at once like past ``realtime_max_backlog``.
+    At 1, a request let in finds room in the batches that run next: it
+    waits at most for those running. A mark in the workers' own batches holds on
+    a fast CPU and a slow one alike, where ``realtime_max_wait_ms`` is one
+    machine's figure. ``None``: no such mark."""
     realtime_retry_after_ms: int = Field(default=1_000, ge=1)
 
     @model_validator(mode="after")

@@ -67,7 +67,7 @@ from streams.rollout.board import RolloutBoard
 from streams.rollout.routers import RouterCatalog, ShadowTally, tally_key
 from streams.rules.rulefile import RuleSource
 from streams.stores.backlog import BacklogBoard, LatencyBoard
-from streams.stores.workerboard import WorkerBoard
+from streams.stores.workerboard import WorkerBoard, lane_capacity, served_paths
 
 __all__ = ["build_app", "source_record"]
 
@@ -266,8 +266,11 @@ def build_app(
 
     @app.timer(settings.worker_heartbeat_s)
     async def read_worker_board() -> None:
-        """Which paths live workers serve on each lane (``None``: Redis cannot say)."""
-        live["serving"] = await workers.serving()
+        """Which paths live workers serve on each lane (``None``: Redis
+        cannot say), and what the realtime ones run at once (the gate's mark)."""
+        cards = await workers.live()
+        live["serving"] = None if cards is None else served_paths(cards)
+        gate.serving(None if cards is None else lane_capacity(cards).get(Lane.REALTIME))
 
     @app.timer(settings.routing.weights_refresh_s)
     async def refresh_routes() -> None:

@@ -12,10 +12,11 @@ lane topics). Levels, each keeping what the one below it does:
 built-in: ``light``), "heavy" any other model path.
 
 Apart from the levels, a realtime lane with more than
-``realtime_max_backlog`` requests waiting, or whose waiting requests its
-workers need more than ``realtime_max_wait_ms`` to take (at the rate they
-answered while busy), refuses new model requests at once (INF-429 with a
-short retry time): a realtime answer that comes after its deadline is no
+``realtime_max_backlog`` requests waiting, more than its live workers run
+at once (``realtime_max_batches`` times their capacity), or whose waiting
+requests its workers need more than ``realtime_max_wait_ms`` to take (at
+the rate they answered while busy), refuses new model requests at once
+(INF-429 with a short retry time): a realtime answer that comes after its deadline is no
 answer, and a queue the worker cannot drain in time only makes every later
 answer late too. ``RealtimeGate`` keeps that count between the workers'
 reports: what this classifier sent the lane since is added.
@@ -90,12 +91,19 @@ class LaneFull:
 
 
 def realtime_full(
-    waiting: int, flow: FlowSettings, drain_per_s: float | None = None
+    waiting: int,
+    flow: FlowSettings,
+    drain_per_s: float | None = None,
+    capacity: int | None = None,
 ) -> LaneFull | None:
     """The realtime lane, when ``waiting`` is at its ``realtime_max_backlog``,
-    or would wait ``realtime_max_wait_ms`` or more for workers that answer
-    ``drain_per_s`` records a busy second (``None``: not known)."""
+    fills ``realtime_max_batches`` times over the ``capacity`` its live
+    workers run at once, or would wait ``realtime_max_wait_ms`` or more for
+    workers that answer ``drain_per_s`` records a busy second (``None``: not
+    known)."""
     by_count = flow.realtime_max_backlog is not None and waiting >= flow.realtime_max_backlog
+    if flow.realtime_max_batches is not None and capacity:
+        by_count = by_count or waiting >= flow.realtime_max_batches * capacity
     wait_ms = LaneLoad(waiting, drain_per_s).wait_ms
     by_time = (
         flow.realtime_max_wait_ms is not None
@@ -126,6 +134,8 @@ class RealtimeGate:
         self._waiting = 0
         self._drain_per_s: float | None = None
         self._at_ms: int | None = None
+        self._capacity: int | None = None
+        """What the lane's live workers run at once (``None``: not known)."""
         self._sent: deque[tuple[int, int]] = deque()
         """(epoch ms, how many) of the sends the last report may not count."""
 
@@ -136,6 +146,11 @@ class RealtimeGate:
         self._at_ms = self._clock_ms() if at_ms is None else at_ms
         while self._sent and self._sent[0][0] <= self._at_ms:
             self._sent.popleft()
+
+    def serving(self, capacity: int | None) -> None:
+        """What the lane's live workers run at once, from their heartbeat
+        cards (``None``: the board cannot say)."""
+        self._capacity = capacity
 
     def sent(self, n: int = 1) -> None:
         """``n`` more model requests routed to the realtime lane now."""
@@ -149,7 +164,7 @@ class RealtimeGate:
         """The lane, when it takes no more model requests now."""
         if self._at_ms is None or self._clock_ms() - self._at_ms > self._stale_ms:
             return None
-        return realtime_full(self.waiting(), self._flow, self._drain_per_s)
+        return realtime_full(self.waiting(), self._flow, self._drain_per_s, self._capacity)
 
     def waiting(self) -> int:
         """The records the lane has waiting now, as far as the gate can tell."""

@@ -32,6 +32,7 @@ __all__ = [
     "Versions",
     "WorkerBoard",
     "WorkerCard",
+    "lane_capacity",
     "served_paths",
     "served_versions",
 ]
@@ -89,6 +90,16 @@ def served_paths(cards: Sequence[WorkerCard]) -> dict[Lane, frozenset[Path]]:
     for card in cards:
         serving.setdefault(card.lane, set()).update(p.path for p in card.paths)
     return {lane: frozenset(paths) for lane, paths in serving.items()}
+
+
+def lane_capacity(cards: Sequence[WorkerCard]) -> dict[Lane, int]:
+    """Per lane, the requests its live workers run at once, counting only
+    workers that serve a model path (lanes with none are absent)."""
+    capacity: dict[Lane, int] = {}
+    for card in cards:
+        if card.paths:
+            capacity[card.lane] = capacity.get(card.lane, 0) + card.capacity
+    return capacity
 
 
 def served_versions(cards: Sequence[WorkerCard]) -> dict[Lane, frozenset[tuple[Path, str]]]:

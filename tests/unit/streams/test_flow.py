@@ -164,6 +164,34 @@ def test_realtime_is_full_when_its_waiting_would_take_too_long_to_reach() -> Non
     assert realtime_full(15, FlowSettings(realtime_max_wait_ms=None), 0.5) is None
 
 
+def test_realtime_is_full_when_it_holds_what_its_live_workers_run_at_once() -> None:
+    flow = FlowSettings(realtime_max_backlog=16, realtime_max_wait_ms=None)
+    assert realtime_full(3, flow, capacity=4) is None  # room in the next batch
+    assert realtime_full(4, flow, capacity=4) == LaneFull(Lane.REALTIME, 4, 1_000)
+    assert realtime_full(7, flow, capacity=8) is None  # a second worker doubles the room
+    assert realtime_full(7, FlowSettings(realtime_max_batches=2.0), capacity=4) is None
+    assert realtime_full(8, FlowSettings(realtime_max_batches=2.0), capacity=4) is not None
+    # Capacity not known (no board, no live worker), or the mark off: the other marks judge.
+    assert realtime_full(15, flow, capacity=None) is None
+    assert realtime_full(15, flow, capacity=0) is None
+    assert realtime_full(15, FlowSettings(realtime_max_batches=None), capacity=4) is None
+
+
+def test_the_realtime_gate_judges_by_the_capacity_the_board_last_gave() -> None:
+    now = [10_000]
+    gate = RealtimeGate(FlowSettings(realtime_max_wait_ms=None), clock_ms=lambda: now[0])
+    gate.reported(2, 4.0, at_ms=10_000)
+    gate.sent(2)
+    assert gate.full() is None  # no card read yet: the count mark (16) alone
+    gate.serving(4)
+    assert gate.full() == LaneFull(Lane.REALTIME, 4, 1_000)
+    now[0] = 10_250  # a record drained meanwhile, at 4 a second
+    assert gate.full() is None
+    gate.serving(None)  # the board cannot say: back to the other marks
+    gate.sent(5)
+    assert gate.waiting() == 8 and gate.full() is None
+
+
 def test_the_realtime_gate_carries_the_count_between_reports() -> None:
     now = [10_000]
     gate = RealtimeGate(FlowSettings(realtime_max_wait_ms=2_000), clock_ms=lambda: now[0])

@@ -181,3 +181,17 @@ def test_a_lane_whose_traffic_stopped_has_no_p95() -> None:
     assert lanes.p95() == {Lane.BULK: 2_000.0}
     now[0] = 51.0
     assert lanes.p95() == {}
+
+
+def test_a_lanes_capacity_counts_the_live_workers_that_serve_a_model() -> None:
+    from streams.stores.workerboard import PathCard, WorkerCard, lane_capacity
+
+    light = (PathCard(Path.LIGHT, "llamacpp", "smollm2", "cpu"),)
+    cards = [
+        WorkerCard("rt-1", Lane.REALTIME, light, 4),
+        WorkerCard("rt-2", Lane.REALTIME, light, 4),
+        WorkerCard("rt-3", Lane.REALTIME, (), 4),  # its model did not load: serves nothing
+        WorkerCard("bulk-1", Lane.BULK, light, 64),
+    ]
+    assert lane_capacity(cards) == {Lane.REALTIME: 8, Lane.BULK: 64}
+    assert lane_capacity([]) == {}
