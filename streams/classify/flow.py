@@ -16,9 +16,9 @@ Apart from the levels, a realtime lane with more than
 at once (``realtime_max_batches`` times their capacity), or whose waiting
 requests its workers need more than ``realtime_max_wait_ms`` to take (at
 the rate they answered while busy), refuses new model requests at once
-(INF-429 with a short retry time): a realtime answer that comes after its deadline is no
-answer, and a queue the worker cannot drain in time only makes every later
-answer late too. ``RealtimeGate`` keeps that count between the workers'
+(INF-429 with a short retry time): a realtime answer that comes after its
+deadline is no answer, and a queue the worker cannot drain in time only
+makes every later answer late too. ``RealtimeGate`` keeps that count between the workers'
 reports: what this classifier sent the lane since is added.
 
 Hysteresis: a level is entered when pressure reaches its ``enter`` mark and
