@@ -207,7 +207,9 @@ class FlowSettings(BaseSettings):
     At 1, a request let in finds room in the batches that run next: it
     waits at most for those running. A mark in the workers' own batches holds on
     a fast CPU and a slow one alike, where ``realtime_max_wait_ms`` is one
-    machine's figure. ``None``: no such mark."""
+    machine's figure. A burst past that capacity is refused too, on an idle
+    lane as well: at 2 the lane also holds the next round (a request waits
+    at most for two batches). ``None``: no such mark."""
     realtime_retry_after_ms: int = Field(default=1_000, ge=1)
 
     @model_validator(mode="after")
