@@ -205,11 +205,12 @@ class FlowSettings(BaseSettings):
     ``max_batch_size`` x ``max_inflight_batches``, from its heartbeat card)
     before new ones are refused at once like past ``realtime_max_backlog``.
     At 1, a request let in finds room in the batches that run next: it
-    waits at most for those running. A mark in the workers' own batches holds on
-    a fast CPU and a slow one alike, where ``realtime_max_wait_ms`` is one
-    machine's figure. A burst past that capacity is refused too, on an idle
-    lane as well: at 2 the lane also holds the next round (a request waits
-    at most for two batches). ``None``: no such mark."""
+    waits at most for those running. A mark in the workers' own batches
+    does not depend on how fast the machine is, where
+    ``realtime_max_wait_ms`` is one machine's figure. A burst past that
+    capacity is refused too, on an idle lane as well: at 2 the lane also
+    holds the next round (a request waits at most for two batches).
+    ``None``: no such mark."""
     realtime_retry_after_ms: int = Field(default=1_000, ge=1)
 
     @model_validator(mode="after")
