@@ -15,11 +15,14 @@ Apart from the levels, a realtime lane with more than
 ``realtime_max_backlog`` requests waiting, more than its live workers run
 at once (``realtime_max_batches`` times their capacity), or whose waiting
 requests its workers need more than ``realtime_max_wait_ms`` to take (at
-the rate they answered while busy), refuses new model requests at once
-(INF-429 with a short retry time): a realtime answer that comes after its
-deadline is no answer, and a queue the worker cannot drain in time only
-makes every later answer late too. ``RealtimeGate`` keeps that count between the workers'
-reports: what this classifier sent the lane since is added.
+the rate they answered while busy), refuses new model requests that asked
+for it at once (INF-429 with a short retry time): a realtime answer that
+comes after its deadline is no answer, and a queue the worker cannot
+drain in time only makes every later answer late too. A request that the
+classifier put on realtime by itself (simple work, no hint, no tight
+deadline) goes to medium instead: it was promised no realtime latency.
+``RealtimeGate`` keeps that count between the workers' reports: what this
+classifier sent the lane since is added.
 
 Hysteresis: a level is entered when pressure reaches its ``enter`` mark and
 left only when pressure has stayed below its lower ``exit`` mark for
@@ -185,12 +188,17 @@ def apply_level(
     here (to ``cheapest``, the lane's cheapest model path) keeps the chosen
     one in ``requested_path`` (the answer says degraded). ``full``: the
     realtime lane, when it has more waiting than it can answer in time; a
-    model request for it is refused with a short retry hint."""
+    model request for it is refused with a short retry hint when the client
+    asked for that lane (``Decision.lane_asked``), and sent to medium when
+    the classifier chose it."""
     if full is not None and decision.lane is full.lane and not decision.forced:
-        return Shed(
-            f"{full.lane} lane full ({full.waiting} requests waiting); retry shortly",
-            full.retry_after_ms,
-        )
+        if not decision.lane_asked:  # the classifier's choice, not the client's: spill
+            decision = replace(decision, lane=Lane.MEDIUM)
+        else:
+            return Shed(
+                f"{full.lane} lane full ({full.waiting} requests waiting); retry shortly",
+                full.retry_after_ms,
+            )
     if level >= 2 and decision.lane is Lane.BULK:
         return Shed(f"bulk intake paused (load level {level})", retry_after_ms)
     if not decision.path.is_model or decision.path == cheapest or decision.forced:

@@ -59,6 +59,10 @@ class Decision:
     """Set when flow control moved the request off the path the router chose."""
     forced: bool = False
     """``force_path`` chose the path: flow control may shed, never move it."""
+    lane_asked: bool = False
+    """The client asked for this lane (its ``lane`` hint, or a deadline
+    within ``realtime_max_deadline_ms``), so a full lane refuses it; a lane
+    the classifier chose by itself spills to medium instead."""
 
 
 def decide(
@@ -89,6 +93,10 @@ def decide(
     choice = router.choose(
         complexity, lane, stats, served, features=features, embedding=found.embedding
     )
+    deadline = features.deadline_ms
+    asked = request.lane is not None or (
+        deadline is not None and deadline <= routing.realtime_max_deadline_ms
+    )
     return Decision(
         lane,
         choice.path,
@@ -97,6 +105,7 @@ def decide(
         model=choice.model,
         scores=choice.scores,
         explored=choice.explored,
+        lane_asked=asked,
     )
 
 

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -121,10 +122,14 @@ def test_a_full_realtime_lane_refuses_model_requests_fast() -> None:
     full = realtime_full(16, flow)
     assert full == LaneFull(Lane.REALTIME, 16, 700)
     assert realtime_full(10_000, FlowSettings(realtime_max_backlog=None)) is None
-    light = Decision(Lane.REALTIME, Path.LIGHT)
+    light = Decision(Lane.REALTIME, Path.LIGHT, lane_asked=True)
     assert apply_level(light, 0, 5_000, full) == Shed(
         "realtime lane full (16 requests waiting); retry shortly", 700
     )
+    # Put on realtime by the classifier, not the client: it goes to medium.
+    chosen = Decision(Lane.REALTIME, Path.LIGHT)
+    assert apply_level(chosen, 0, 5_000, full) == replace(chosen, lane=Lane.MEDIUM)
+    assert apply_level(chosen, 0, 5_000) == chosen, "not full: it stays"
     medium = Decision(Lane.MEDIUM, Path.HEAVY, Complexity.COMPLEX)
     assert apply_level(medium, 0, 5_000, full) == medium
     forced = Decision(Lane.REALTIME, Path.HEAVY, forced=True)
@@ -153,6 +158,35 @@ def test_a_full_realtime_lane_still_answers_by_rules() -> None:
     greeting = RuleBook().answer("hello")
     assert classified("hello", Found(rule=greeting)) == "answered"
     assert classified("What is the capital of France?", Found()) == "shed"
+
+
+def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium() -> None:
+    from streams.classify.classifier import Admitted, admit, route
+    from streams.classify.policy import Found
+    from streams.classify.registry import builtin_registry
+    from streams.classify.router import SmartRouter
+
+    settings = Settings()
+    router = SmartRouter(builtin_registry(settings.backend), settings.routing)
+    now = 1_000_000
+
+    def lane_of(full: LaneFull | None, **asked: object) -> str:
+        body = {"id": "r", "prompt": "What is the capital of France?", **asked}
+        raw = json.dumps(body).encode()
+        admitted = admit(SourceRecord(raw, None, now, "t", 0, 0), now_ms=now, settings=settings)
+        assert isinstance(admitted, Admitted)
+        out = route(admitted, Found(), now_ms=now, settings=settings, router=router, full=full)
+        if out.outcome == "shed":
+            assert out.result is not None and out.result.error is not None
+            return out.result.error.code.value
+        (record,) = out.records
+        return RoutedRequest.model_validate_json(record.value).lane.value
+
+    full = realtime_full(100, settings.flow)
+    assert lane_of(None) == "realtime"  # simple work: realtime, while it has room
+    assert lane_of(full) == "medium"  # full: the classifier's choice spills
+    assert lane_of(full, lane="realtime") == "INF-429"  # the client asked for it
+    assert lane_of(full, deadline_ms=2_000) == "INF-429"  # a deadline only realtime keeps
 
 
 def test_realtime_is_full_when_its_waiting_would_take_too_long_to_reach() -> None:
