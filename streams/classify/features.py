@@ -21,6 +21,7 @@ from schemas.settings import RoutingSettings
 __all__ = [
     "Complexity",
     "RequestFeatures",
+    "asks_realtime",
     "complexity_of",
     "detect_language",
     "estimate_tokens",
@@ -165,6 +166,12 @@ def complexity_of(features: RequestFeatures, routing: RoutingSettings) -> Comple
     return Complexity.SIMPLE
 
 
+def asks_realtime(features: RequestFeatures, routing: RoutingSettings) -> bool:
+    """A deadline only the realtime lane keeps (``realtime_max_deadline_ms``)."""
+    deadline = features.deadline_ms
+    return deadline is not None and deadline <= routing.realtime_max_deadline_ms
+
+
 def lane_for(
     request: InferenceRequest,
     features: RequestFeatures,
@@ -178,11 +185,14 @@ def lane_for(
         return request.lane
     if request.batch_id is not None:
         return Lane.BULK
-    deadline = features.deadline_ms
-    if deadline is not None and deadline <= routing.realtime_max_deadline_ms:
+    if asks_realtime(features, routing):
         return Lane.REALTIME
     if features.tier == "premium" or complexity is Complexity.SIMPLE:
         return Lane.REALTIME
-    if features.tier == "free" and complexity is Complexity.COMPLEX and deadline is None:
+    if (
+        features.tier == "free"
+        and complexity is Complexity.COMPLEX
+        and features.deadline_ms is None
+    ):
         return Lane.BULK
     return Lane.MEDIUM

@@ -20,6 +20,7 @@ from streams.cache.response import CacheHit
 from streams.classify.features import (
     Complexity,
     RequestFeatures,
+    asks_realtime,
     complexity_of,
     estimate_tokens,
     extract_features,
@@ -93,10 +94,6 @@ def decide(
     choice = router.choose(
         complexity, lane, stats, served, features=features, embedding=found.embedding
     )
-    deadline = features.deadline_ms
-    asked = request.lane is not None or (
-        deadline is not None and deadline <= routing.realtime_max_deadline_ms
-    )
     return Decision(
         lane,
         choice.path,
@@ -105,7 +102,7 @@ def decide(
         model=choice.model,
         scores=choice.scores,
         explored=choice.explored,
-        lane_asked=asked,
+        lane_asked=request.lane is not None or asks_realtime(features, routing),
     )
 
 
