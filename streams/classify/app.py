@@ -121,8 +121,9 @@ def build_app(
         redis, settings.redis.key_prefix, registry, workers, routers if routers.enabled else None
     )
     tally = ShadowTally()
-    live: dict[str, Any] = {"serving": None}
-    """What the timers last read: the worker board."""
+    live: dict[str, Any] = {"serving": None, "loads": None}
+    """What the timers last read: the worker board, and the lane backlog
+    board (``None``: Redis could not say)."""
     backlog_board = BacklogBoard(redis, settings.redis.key_prefix)
     latency_board = LatencyBoard(redis, settings.redis.key_prefix)
     flow = FlowController(settings.flow.enter, settings.flow.exit, settings.flow.hold_s)
@@ -231,7 +232,7 @@ def build_app(
             return
         before = max(flow.level, slow.level)
         now = time.monotonic()
-        loads = await backlog_board.read_loads()
+        loads = live["loads"]  # watch_realtime's last read, at most gate_interval_s old
         backlog: dict[Lane, int] | None = None
         if loads is not None:  # None: Redis cannot say, keep the level we have
             backlog = {lane: load.waiting for lane, load in loads.items()}
@@ -255,11 +256,12 @@ def build_app(
 
     @app.timer(settings.flow.gate_interval_s)
     async def watch_realtime() -> None:
-        """Re-read the realtime lane's backlog for the gate, more often than
-        the load levels: a worker reports as its batches start and end."""
+        """Re-read the lane backlog board for the gate, more often than the
+        load levels (which read what this read last): a worker reports as
+        its batches start and end."""
         if not settings.flow.enabled:
             return
-        loads = await backlog_board.read_loads()
+        loads = live["loads"] = await backlog_board.read_loads()
         if loads is not None:  # None: Redis cannot say; the gate fails open once stale
             realtime = loads[Lane.REALTIME]
             gate.reported(realtime.waiting, realtime.drain_per_s, realtime.at_ms)
