@@ -45,7 +45,7 @@ from schemas.messages import (
     peek_reply_address,
 )
 from schemas.settings import Settings
-from streams.classify.flow import LaneFull, Shed, apply_level
+from streams.classify.flow import LaneFull, Shed, apply_level, spills
 from streams.classify.policy import Decision, Found, decide
 from streams.classify.registry import builtin_registry
 from streams.classify.router import PathStats, SmartRouter
@@ -169,6 +169,11 @@ def route(
         records = _terminal(answer, admitted, now_ms, settings, cache_key=hit_key)
         return Classified("answered", records, answer, request, reply_to, decision)
 
+    spill = spills(decision, full)
+    if spill is not None:  # the lane's own paths compete, as on any request sent there
+        decision = decide(
+            request, found, settings.routing, chooser, stats or {}, serving, lane=spill
+        )
     cheapest = router.registry.cheapest(decision.lane)
     adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms, full, cheapest)
     if isinstance(adjusted, Shed):

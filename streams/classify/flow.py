@@ -42,7 +42,15 @@ from streams.classify.features import Complexity
 from streams.classify.policy import Decision
 from streams.stores.backlog import LaneLoad
 
-__all__ = ["FlowController", "LaneFull", "RealtimeGate", "Shed", "apply_level", "realtime_full"]
+__all__ = [
+    "FlowController",
+    "LaneFull",
+    "RealtimeGate",
+    "Shed",
+    "apply_level",
+    "realtime_full",
+    "spills",
+]
 
 
 def _now_ms() -> int:
@@ -177,6 +185,18 @@ class RealtimeGate:
         return max(0, round(self._waiting + sent - drained))
 
 
+def spills(decision: Decision, full: LaneFull | None) -> Lane | None:
+    """The lane a model request goes to instead of the full one it was put
+    on, when the classifier chose that lane by itself and the client did not
+    ask for it (``Decision.lane_asked``): medium, whose own paths are then
+    chosen. ``None``: it stays (and a full lane refuses it)."""
+    if full is None or decision.lane is not full.lane or not decision.path.is_model:
+        return None
+    if decision.lane_asked or decision.forced:
+        return None
+    return Lane.MEDIUM
+
+
 def apply_level(
     decision: Decision,
     level: int,
@@ -188,17 +208,13 @@ def apply_level(
     here (to ``cheapest``, the lane's cheapest model path) keeps the chosen
     one in ``requested_path`` (the answer says degraded). ``full``: the
     realtime lane, when it has more waiting than it can answer in time; a
-    model request for it is refused with a short retry hint when the client
-    asked for that lane (``Decision.lane_asked``), and sent to medium when
-    the classifier chose it."""
+    model request still on it (see ``spills``) is refused with a short
+    retry hint."""
     if full is not None and decision.lane is full.lane and not decision.forced:
-        if not decision.lane_asked:  # the classifier's choice, not the client's: spill
-            decision = replace(decision, lane=Lane.MEDIUM)
-        else:
-            return Shed(
-                f"{full.lane} lane full ({full.waiting} requests waiting); retry shortly",
-                full.retry_after_ms,
-            )
+        return Shed(
+            f"{full.lane} lane full ({full.waiting} requests waiting); retry shortly",
+            full.retry_after_ms,
+        )
     if level >= 2 and decision.lane is Lane.BULK:
         return Shed(f"bulk intake paused (load level {level})", retry_after_ms)
     if not decision.path.is_model or decision.path == cheapest or decision.forced:

@@ -73,14 +73,17 @@ def decide(
     router: SmartRouter,
     stats: Mapping[Path, PathStats],
     serving: Mapping[Lane, Collection[Path]] | None = None,
+    lane: Lane | None = None,
 ) -> Decision:
     """``serving``: per lane, the paths live workers serve (the worker
-    board); ``None`` when it is not known, and then any path may be chosen."""
+    board); ``None`` when it is not known, and then any path may be chosen.
+    ``lane``: the lane to choose a path for instead of the one the
+    request's features give (a request spilled off a full lane)."""
     features = extract_features(
         request, routing, intent=found.intent, history_turns=found.history_turns
     )
     complexity = complexity_of(features, routing)
-    lane = lane_for(request, features, complexity, routing)
+    lane = lane or lane_for(request, features, complexity, routing)
     if routing.force_path is not None:
         path = Path(routing.force_path)
         model = _model_of(router, path)

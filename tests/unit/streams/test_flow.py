@@ -1,5 +1,4 @@
 import json
-from dataclasses import replace
 
 import pytest
 
@@ -14,10 +13,12 @@ from streams.classify.flow import (
     Shed,
     apply_level,
     realtime_full,
+    spills,
 )
 from streams.classify.policy import Decision
 from streams.rules.engine import RuleBook
 from streams.stores.backlog import DrainRate
+from streams.stores.workerboard import Serving
 
 
 def controller() -> FlowController:
@@ -126,13 +127,17 @@ def test_a_full_realtime_lane_refuses_model_requests_fast() -> None:
     assert apply_level(light, 0, 5_000, full) == Shed(
         "realtime lane full (16 requests waiting); retry shortly", 700
     )
+    assert spills(light, full) is None, "the client asked for realtime: refused, not moved"
     # Put on realtime by the classifier, not the client: it goes to medium.
     chosen = Decision(Lane.REALTIME, Path.LIGHT)
-    assert apply_level(chosen, 0, 5_000, full) == replace(chosen, lane=Lane.MEDIUM)
-    assert apply_level(chosen, 0, 5_000) == chosen, "not full: it stays"
+    assert spills(chosen, full) is Lane.MEDIUM
+    assert spills(chosen, None) is None, "not full: it stays"
+    assert apply_level(chosen, 0, 5_000) == chosen
     medium = Decision(Lane.MEDIUM, Path.HEAVY, Complexity.COMPLEX)
+    assert spills(medium, full) is None
     assert apply_level(medium, 0, 5_000, full) == medium
     forced = Decision(Lane.REALTIME, Path.HEAVY, forced=True)
+    assert spills(forced, full) is None
     assert apply_level(forced, 0, 5_000, full) == forced
 
 
@@ -170,23 +175,36 @@ def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium()
     router = SmartRouter(builtin_registry(settings.backend), settings.routing)
     now = 1_000_000
 
-    def lane_of(full: LaneFull | None, **asked: object) -> str:
+    def lane_of(full: LaneFull | None, serving: Serving | None = None, **asked: object) -> str:
         body = {"id": "r", "prompt": "What is the capital of France?", **asked}
         raw = json.dumps(body).encode()
         admitted = admit(SourceRecord(raw, None, now, "t", 0, 0), now_ms=now, settings=settings)
         assert isinstance(admitted, Admitted)
-        out = route(admitted, Found(), now_ms=now, settings=settings, router=router, full=full)
+        out = route(
+            admitted,
+            Found(),
+            now_ms=now,
+            settings=settings,
+            router=router,
+            full=full,
+            serving=serving,
+        )
         if out.outcome == "shed":
             assert out.result is not None and out.result.error is not None
             return out.result.error.code.value
         (record,) = out.records
-        return RoutedRequest.model_validate_json(record.value).lane.value
+        routed = RoutedRequest.model_validate_json(record.value)
+        return f"{routed.lane.value} {routed.path.value}"
 
     full = realtime_full(100, settings.flow)
-    assert lane_of(None) == "realtime"  # simple work: realtime, while it has room
-    assert lane_of(full) == "medium"  # full: the classifier's choice spills
+    assert lane_of(None) == "realtime light"  # simple work: realtime, while it has room
+    assert lane_of(full) == "medium light"  # full: the classifier's choice spills
     assert lane_of(full, lane="realtime") == "INF-429"  # the client asked for it
     assert lane_of(full, deadline_ms=2_000) == "INF-429"  # a deadline only realtime keeps
+    # The spilled request takes a path medium's live workers serve, not realtime's.
+    split: Serving = {Lane.REALTIME: frozenset({Path.LIGHT}), Lane.MEDIUM: frozenset({Path.HEAVY})}
+    assert lane_of(None, split) == "realtime light"
+    assert lane_of(full, split) == "medium heavy"
 
 
 def test_realtime_is_full_when_its_waiting_would_take_too_long_to_reach() -> None:
