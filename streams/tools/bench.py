@@ -218,6 +218,14 @@ class StepRow:
     other_errors: int
     lost: int
     realtime_p99_ms: float
+    """Of every realtime result, refusals (INF-429, fast by design) included."""
+    realtime_served_p99_ms: float = 0.0
+    """Of the realtime results that were not refused: answers, and deadlines
+    that passed (INF-503)."""
+    realtime_limited: int = 0
+    """Of ``limited``, the realtime lane's."""
+    realtime_expired: int = 0
+    """Of ``expired``, the realtime lane's."""
     realtime_queue_p99_ms: float = 0.0
     """Of the realtime answers a model gave: p99 of the time they waited in
     the lane, and of their inference (the result's own timings)."""
@@ -258,6 +266,7 @@ def step_row(
         return r.error.code if r.error else None
 
     realtime = sorted(ms for r, ms in answered if r.lane == "realtime")
+    served = sorted(ms for r, ms in answered if r.lane == "realtime" and code(r) != "INF-429")
     modelled = [r.timings for r, _ in answered if r.lane == "realtime" and r.timings.inference_ms]
     return StepRow(
         load=load,
@@ -270,24 +279,31 @@ def step_row(
         other_errors=sum(code(r) not in (None, "INF-429", "INF-503") for r, _ in answered),
         lost=lost,
         realtime_p99_ms=_percentile(realtime, 0.99),
+        realtime_served_p99_ms=_percentile(served, 0.99),
+        realtime_limited=sum(code(r) == "INF-429" for r, _ in answered if r.lane == "realtime"),
+        realtime_expired=sum(code(r) == "INF-503" for r, _ in answered if r.lane == "realtime"),
         realtime_queue_p99_ms=_percentile(sorted(t.queue_ms for t in modelled), 0.99),
         realtime_inference_p99_ms=_percentile(sorted(t.inference_ms for t in modelled), 0.99),
     )
 
 
 def format_steps(rows: Sequence[StepRow]) -> str:
+    """One line per step. ``429`` and ``503`` give the realtime lane's share
+    after a slash; the realtime p99s: of every realtime result, of those
+    not refused, and of the model answers' wait in the lane and inference."""
     head = (
-        f"{'load':>5} {'req/s':>6} {'sent':>5} {'ok':>5} {'degr':>5} {'429':>5} "
-        f"{'503':>5} {'err':>4} {'lost':>4} {'realtime p99 ms':>16} "
-        f"{'(model: queue':>13} {'inference)':>10}"
+        f"{'load':>5} {'req/s':>6} {'sent':>5} {'ok':>5} {'degr':>5} {'429/rt':>8} "
+        f"{'503/rt':>7} {'err':>4} {'lost':>4}  realtime p99 ms: {'all':>7} {'served':>7} "
+        f"{'queue':>7} {'infer':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r.load:4.0f}x {r.offered_rps:6.2f} {r.sent:5d} {r.ok:5d} {r.degraded:5d} "
-            f"{r.limited:5d} {r.expired:5d} {r.other_errors:4d} {r.lost:4d} "
-            f"{r.realtime_p99_ms:16.1f} {r.realtime_queue_p99_ms:13.1f} "
-            f"{r.realtime_inference_p99_ms:10.1f}"
+            f"{f'{r.limited}/{r.realtime_limited}':>8} {f'{r.expired}/{r.realtime_expired}':>7} "
+            f"{r.other_errors:4d} {r.lost:4d} {'':17}{r.realtime_p99_ms:7.0f} "
+            f"{r.realtime_served_p99_ms:7.0f} {r.realtime_queue_p99_ms:7.0f} "
+            f"{r.realtime_inference_p99_ms:7.0f}"
         )
     return "\n".join(lines)
 

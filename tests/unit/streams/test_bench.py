@@ -49,6 +49,21 @@ def test_overload_step_counts_every_outcome() -> None:
     assert "2x" in format_steps([row])
 
 
+def test_overload_step_counts_realtime_refusals_apart_from_its_served_tail() -> None:
+    """A refusal is fast by design: the served p99 leaves it out, and the
+    realtime lane's share of 429s and 503s is counted on its own."""
+    fast = InferenceResult(id="a", status="ok", lane="realtime")
+    limited = InferenceResult.failure("b", RateLimited("full", 100), lane="realtime")
+    expired = InferenceResult.failure("c", DeadlineExceeded("late"), lane="realtime")
+    bulk = InferenceResult.failure("d", RateLimited("paused", 100), lane="bulk")
+    answered = [(fast, 10.0)] * 3 + [(limited, 1.0)] * 96 + [(expired, 900.0), (bulk, 1.0)]
+    row = step_row(3.0, 1.0, answered, 0)
+    assert (row.limited, row.realtime_limited, row.expired, row.realtime_expired) == (97, 96, 1, 1)
+    assert row.realtime_served_p99_ms == 900.0
+    assert row.realtime_p99_ms < row.realtime_served_p99_ms
+    assert format_steps([row]).splitlines()[-1].split()[5:7] == ["97/96", "1/1"]
+
+
 def test_overload_step_splits_realtime_model_time_into_queue_and_inference() -> None:
     def answered(queue_ms: float, inference_ms: float) -> InferenceResult:
         timings = Timings(queue_ms=queue_ms, inference_ms=inference_ms)
@@ -59,4 +74,4 @@ def test_overload_step_splits_realtime_model_time_into_queue_and_inference() -> 
         1.0, 1.0, [(answered(300, 900), 1300.0), (answered(20, 400), 500.0), (rule, 5.0)], 0
     )
     assert (row.realtime_queue_p99_ms, row.realtime_inference_p99_ms) == (300.0, 900.0)
-    assert format_steps([row]).splitlines()[-1].split()[-2:] == ["300.0", "900.0"]
+    assert format_steps([row]).splitlines()[-1].split()[-2:] == ["300", "900"]
