@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import Settings
 from streams.tools.bench_backend import Rate, bench_prompts, direct_rates, format_rates
+from streams.tools.bench_classifier import cpu_seconds
 from streams.tools.supervisor import Stack
 
 __all__ = ["run_pipeline_bench"]
@@ -55,8 +56,16 @@ def _child_env(settings: Settings, path: Path, model: str, batch: int) -> dict[s
 
 
 async def _through_kafka(
-    settings: Settings, path: Path, model: str, prompts: list[str], max_tokens: int, batch: int
+    settings: Settings,
+    path: Path,
+    model: str,
+    prompts: list[str],
+    max_tokens: int,
+    batch: int,
+    worker_pid: int | None,
 ) -> Rate:
+    """The requests through Kafka and the bulk worker (process ``worker_pid``,
+    whose CPU time the rate counts; ``None``: not counted)."""
     reply_to = f"{settings.replies_topic}.pipeline-{uuid.uuid4().hex[:6]}"
     lane_topic = settings.lane_topic(Lane.BULK)
     # Plain clients at default settings, as a user's would be.
@@ -105,7 +114,9 @@ async def _through_kafka(
             return list(results.values()), time.perf_counter() - started
 
         await run("warm", prompts[:2])  # the reply topic's metadata, the first decode
+        cpu_before = cpu_seconds(worker_pid) if worker_pid is not None else None
         results, seconds = await run(f"run-{uuid.uuid4().hex[:4]}", prompts)
+        cpu_after = cpu_seconds(worker_pid) if worker_pid is not None else None
     finally:
         await consumer.stop()
         await producer.stop()
@@ -119,7 +130,8 @@ async def _through_kafka(
             f"{sizes[len(sizes) // 2]}); time in the lane before a batch ran, median "
             f"{queued[len(queued) // 2]:.0f} ms"
         )
-    return Rate(f"{model} kafka", batch, 2, len(prompts), tokens, seconds, 0.0, errors)
+    cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else 0.0
+    return Rate(f"{model} kafka", batch, 2, len(prompts), tokens, seconds, cpu, errors)
 
 
 def run_pipeline_bench(settings: Settings, args: argparse.Namespace) -> int:
@@ -145,7 +157,15 @@ def run_pipeline_bench(settings: Settings, args: argparse.Namespace) -> int:
         try:
             stack.start(ready_timeout_s=300)
             piped = asyncio.run(
-                _through_kafka(stack.settings, path, model, prompts, args.max_tokens, batch)
+                _through_kafka(
+                    stack.settings,
+                    path,
+                    model,
+                    prompts,
+                    args.max_tokens,
+                    batch,
+                    stack.child(f"worker-{Lane.BULK}").pid,
+                )
             )
         finally:
             stack.stop()
