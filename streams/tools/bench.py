@@ -151,6 +151,28 @@ NO_CACHE = {"cache": "bypass, no-store"}
 ways: what is measured is the models, not earlier answers."""
 
 
+URGENT_SLOTS = (9, 13)
+"""Of every 20 requests of ``mixed_workload``, the simple ones that
+``overload_workload`` sends with a deadline that asks for realtime."""
+
+
+def overload_workload(
+    n: int, max_tokens: int, deadline_ms: int, urgent_deadline_ms: int
+) -> list[dict[str, Any]]:
+    """``mixed_workload`` past the response cache, every request with
+    ``deadline_ms`` but one in ten (simple, ``URGENT_SLOTS``) with
+    ``urgent_deadline_ms``: a client that asks for the realtime lane (a
+    deadline of at most ``LANEWAY_ROUTING_REALTIME_MAX_DEADLINE_MS``)."""
+    return [
+        {
+            **r,
+            "metadata": NO_CACHE,
+            "deadline_ms": urgent_deadline_ms if i % 20 in URGENT_SLOTS else deadline_ms,
+        }
+        for i, r in enumerate(mixed_workload(n, max_tokens))
+    ]
+
+
 async def warm_up(client: LanewayClient, timeout_s: float) -> None:
     """One request through the classifier and one through each lane worker
     before the clock starts: the first record a process produces to a new
@@ -325,10 +347,9 @@ async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow
         for load in (1.0, 2.0, 3.0):
             rate = capacity * load
             n = max(1, round(rate * args.window_s))
-            workload = [
-                {**r, "metadata": NO_CACHE, "deadline_ms": args.deadline_ms}
-                for r in mixed_workload(n, args.max_tokens)
-            ]
+            workload = overload_workload(
+                n, args.max_tokens, args.deadline_ms, settings.routing.realtime_max_deadline_ms
+            )
             answered, lost = await overload_step(client, workload, rate, timeout_s=300)
             rows.append(step_row(load, rate, answered, lost))
             await asyncio.sleep(args.settle_s)  # let the lanes drain between steps
@@ -369,7 +390,8 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
     if args.overload:
         print(
             f"\nlaneway bench --overload: {args.window_s:.0f} s per step, "
-            f"deadline {args.deadline_ms} ms, max_tokens {args.max_tokens}"
+            f"deadline {args.deadline_ms} ms ({running.routing.realtime_max_deadline_ms} ms "
+            f"for one in ten, which asks for realtime), max_tokens {args.max_tokens}"
         )
         print(format_steps(steps))
         return 1 if any(s.lost for s in steps) else 0

@@ -1,10 +1,12 @@
 from schemas.errors import DeadlineExceeded, RateLimited
 from schemas.messages import InferenceResult, Timings
 from streams.tools.bench import (
+    SIMPLE_PROMPTS,
     Sample,
     format_steps,
     format_table,
     mixed_workload,
+    overload_workload,
     step_row,
     summarize,
 )
@@ -15,6 +17,15 @@ def test_mixed_workload_shape() -> None:
     assert len(work) == 100 and all(r["max_tokens"] == 8 for r in work)
     assert sum(r["prompt"] in ("Hello!", "thanks", "ping", "help") for r in work) == 40
     assert sum("batch_id" in r for r in work) == 20
+
+
+def test_overload_workload_asks_for_realtime_on_one_in_ten_simple_requests() -> None:
+    work = overload_workload(100, 8, deadline_ms=20_000, urgent_deadline_ms=3_000)
+    urgent = [r for r in work if r["deadline_ms"] == 3_000]
+    assert len(urgent) == 10
+    assert all("batch_id" not in r and r["prompt"] in SIMPLE_PROMPTS for r in urgent)
+    assert all(r["deadline_ms"] == 20_000 for r in work if r not in urgent)
+    assert all(r["metadata"] == {"cache": "bypass, no-store"} for r in work)
 
 
 def test_summary_per_lane_and_path() -> None:
