@@ -199,18 +199,23 @@ class FlowSettings(BaseSettings):
     workers to reach (waiting / the records they answer a busy second)
     before new ones are refused at once like past ``realtime_max_backlog``.
     ``None``: only the count mark."""
-    realtime_max_batches: float | None = Field(default=1.0, gt=0)
+    realtime_max_batches: float | None = Field(default=2.0, gt=0)
     """How many times over the realtime lane's model requests (running and
     waiting) may fill what its live workers run at once (each worker's
     ``max_batch_size`` x ``max_inflight_batches``, from its heartbeat card)
-    before new ones are refused at once like past ``realtime_max_backlog``.
-    At 1, a request let in finds room in the batches that run next: it
-    waits at most for those running. A mark in the workers' own batches
-    does not depend on how fast the machine is, where
-    ``realtime_max_wait_ms`` is one machine's figure. A burst past that
-    capacity is refused too, on an idle lane as well: at 2 the lane also
-    holds the next round (a request waits at most for two batches).
-    ``None``: no such mark."""
+    before new ones that asked for realtime are refused at once like past
+    ``realtime_max_backlog``. At 2, a request let in waits at most for the
+    batch running and the one before its own; at 1 it finds room in the
+    batch that runs next, and a burst past one batch is refused, on an idle
+    lane as well. A mark in the workers' own batches does not depend on how
+    fast the machine is, where ``realtime_max_wait_ms`` is one machine's
+    figure. ``None``: no such mark."""
+    realtime_spill_batches: float | None = Field(default=1.0, gt=0)
+    """The same mark, lower, for the model requests the classifier put on
+    realtime by itself (simple work sent without a lane or a tight
+    deadline): past it they go to medium, and the room up to
+    ``realtime_max_batches`` is kept for the requests that asked for
+    realtime. ``None``: they spill only when the lane is full."""
     realtime_retry_after_ms: int = Field(default=1_000, ge=1)
 
     @model_validator(mode="after")
@@ -218,6 +223,12 @@ class FlowSettings(BaseSettings):
         for enter, exit in ((self.enter, self.exit), (self.p95_enter_ms, self.p95_exit_ms)):
             if any(x >= e for e, x in zip(enter, exit, strict=True)):
                 raise ValueError(f"every exit mark must be below its enter mark: {enter} {exit}")
+        spill, refuse = self.realtime_spill_batches, self.realtime_max_batches
+        if spill is not None and refuse is not None and spill > refuse:
+            raise ValueError(
+                f"realtime_spill_batches ({spill}) must not be above "
+                f"realtime_max_batches ({refuse})"
+            )
         return self
 
 
@@ -252,7 +263,10 @@ class RealtimeLaneSettings(LaneSettings):
 
     model_config = _config("LANEWAY_REALTIME_")
     nice: int = Field(default=0, ge=0, le=19)
-    max_batch_size: int = Field(default=4, ge=1, le=1024)
+    max_batch_size: int = Field(default=2, ge=1, le=1024)
+    """Two: a step of four sequences made every realtime answer slower, and
+    at 3x load the realtime p99 was about twice its 1x with batches of four
+    (``laneway bench --embedded --overload``, README)."""
     max_wait_ms: int = Field(default=10, ge=0, le=60_000)
     max_inflight_batches: int = Field(default=1, ge=1, le=64)
     """One batch at a time: a second one in the decoder nearly tripled the

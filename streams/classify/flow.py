@@ -21,6 +21,9 @@ comes after its deadline is no answer, and a queue the worker cannot
 drain in time only makes every later answer late too. A request that the
 classifier put on realtime by itself (simple work, no hint, no tight
 deadline) goes to medium instead: it was promised no realtime latency.
+It goes there sooner, once the lane holds ``realtime_spill_batches`` times
+what its workers run at once, so that the room left above that mark is
+kept for the requests that asked for realtime.
 ``RealtimeGate`` keeps that count between the workers' reports: what this
 classifier sent the lane since is added.
 
@@ -94,11 +97,15 @@ class Shed:
 
 @dataclass(frozen=True, slots=True)
 class LaneFull:
-    """A lane whose backlog is at its mark: its new model requests are refused."""
+    """A lane whose backlog is at its mark: new model requests that the
+    classifier put on it by itself go elsewhere (``spills``), and, when
+    ``asked_too``, those that asked for it are refused (``apply_level``).
+    Without ``asked_too`` the lane keeps its room for those that asked."""
 
     lane: Lane
     waiting: int
     retry_after_ms: int
+    asked_too: bool = True
 
 
 def realtime_full(
@@ -111,7 +118,9 @@ def realtime_full(
     fills ``realtime_max_batches`` times over the ``capacity`` its live
     workers run at once, or would wait ``realtime_max_wait_ms`` or more for
     workers that answer ``drain_per_s`` records a busy second (``None``: not
-    known)."""
+    known). Short of those marks but at ``realtime_spill_batches`` times the
+    capacity, it is full only for the requests the classifier put there by
+    itself (``LaneFull.asked_too`` false)."""
     by_count = flow.realtime_max_backlog is not None and waiting >= flow.realtime_max_backlog
     if flow.realtime_max_batches is not None and capacity:
         by_count = by_count or waiting >= flow.realtime_max_batches * capacity
@@ -121,9 +130,12 @@ def realtime_full(
         and wait_ms is not None
         and wait_ms >= flow.realtime_max_wait_ms
     )
-    if not (by_count or by_time):
-        return None
-    return LaneFull(Lane.REALTIME, waiting, flow.realtime_retry_after_ms)
+    if by_count or by_time:
+        return LaneFull(Lane.REALTIME, waiting, flow.realtime_retry_after_ms)
+    if flow.realtime_spill_batches is not None and capacity:
+        if waiting >= flow.realtime_spill_batches * capacity:
+            return LaneFull(Lane.REALTIME, waiting, flow.realtime_retry_after_ms, asked_too=False)
+    return None
 
 
 class RealtimeGate:
@@ -189,10 +201,15 @@ def spills(decision: Decision, full: LaneFull | None) -> Lane | None:
     """The lane a model request goes to instead of the full one it was put
     on, when the classifier chose that lane by itself and the client did not
     ask for it (``Decision.lane_asked``): medium, whose own paths are then
-    chosen. ``None``: it stays (and a full lane refuses it)."""
+    chosen. A premium tenant's request shares the room a lane keeps for
+    those that asked (``LaneFull.asked_too`` false), and spills past it.
+    ``None``: it stays (and a full lane refuses it)."""
     if full is None or decision.lane is not full.lane or not decision.path.is_model:
         return None
     if decision.lane_asked or decision.forced:
+        return None
+    premium = decision.features is not None and decision.features.tier == "premium"
+    if premium and not full.asked_too:
         return None
     return Lane.MEDIUM
 
@@ -209,8 +226,9 @@ def apply_level(
     one in ``requested_path`` (the answer says degraded). ``full``: the
     realtime lane, when it has more waiting than it can answer in time; a
     model request still on it (see ``spills``) is refused with a short
-    retry hint."""
-    if full is not None and decision.lane is full.lane and not decision.forced:
+    retry hint, unless the lane keeps room for those that asked for it
+    (``LaneFull.asked_too`` false)."""
+    if full is not None and full.asked_too and decision.lane is full.lane and not decision.forced:
         return Shed(
             f"{full.lane} lane full ({full.waiting} requests waiting); retry shortly",
             full.retry_after_ms,

@@ -205,7 +205,7 @@ async def test_overload_sheds_bulk_and_realtime_keeps_its_budget(resilient_stack
         assert result.status == "ok" or (result.error is not None and result.error.code)
     assert all(r.lane == "realtime" for r, _ in rt)
     # Realtime at 1 req/s (a third of it for a model) never fills its lane
-    # (16 waiting, or the 4 its worker runs at once), so it is never
+    # (16 waiting, or twice the 2 its worker runs at once), so it is never
     # shed, and its deadline is kept: an answer, or INF-503.
     answered = [r for r, _ in rt if r.status in ("ok", "degraded")]
     assert all(

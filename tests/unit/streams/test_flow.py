@@ -171,7 +171,7 @@ def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium()
     from streams.classify.registry import builtin_registry
     from streams.classify.router import SmartRouter
 
-    settings = Settings()
+    settings = Settings(routing=RoutingSettings(tenant_tiers={"vip": "premium"}))
     router = SmartRouter(builtin_registry(settings.backend), settings.routing)
     now = 1_000_000
 
@@ -198,6 +198,16 @@ def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium()
 
     full = realtime_full(100, settings.flow)
     assert lane_of(None) == "realtime light"  # simple work: realtime, while it has room
+    # Past the spill mark, short of the refusal mark: the room left is kept
+    # for the requests that asked for realtime.
+    keeping = realtime_full(2, settings.flow, capacity=2)
+    assert keeping is not None and not keeping.asked_too
+    assert lane_of(keeping) == "medium light"
+    assert lane_of(keeping, lane="realtime") == "realtime light"
+    assert lane_of(keeping, deadline_ms=2_000) == "realtime light"
+    # A premium tenant shares that room, and spills past it instead of a refusal.
+    assert lane_of(keeping, tenant="vip") == "realtime light"
+    assert lane_of(full, tenant="vip") == "medium light"
     assert lane_of(full) == "medium light"  # full: the classifier's choice spills
     assert lane_of(full, lane="realtime") == "INF-429"  # the client asked for it
     assert lane_of(full, deadline_ms=2_000) == "INF-429"  # a deadline only realtime keeps
@@ -217,21 +227,42 @@ def test_realtime_is_full_when_its_waiting_would_take_too_long_to_reach() -> Non
 
 
 def test_realtime_is_full_when_it_holds_what_its_live_workers_run_at_once() -> None:
-    flow = FlowSettings(realtime_max_backlog=16, realtime_max_wait_ms=None)
+    flow = FlowSettings(
+        realtime_max_backlog=16, realtime_max_wait_ms=None, realtime_max_batches=1.0
+    )
     assert realtime_full(3, flow, capacity=4) is None  # room in the next batch
     assert realtime_full(4, flow, capacity=4) == LaneFull(Lane.REALTIME, 4, 1_000)
     assert realtime_full(7, flow, capacity=8) is None  # a second worker doubles the room
-    assert realtime_full(7, FlowSettings(realtime_max_batches=2.0), capacity=4) is None
-    assert realtime_full(8, FlowSettings(realtime_max_batches=2.0), capacity=4) is not None
+    two_rounds = FlowSettings(realtime_max_batches=2.0, realtime_spill_batches=None)
+    assert realtime_full(7, two_rounds, capacity=4) is None
+    assert realtime_full(8, two_rounds, capacity=4) is not None
     # Capacity not known (no board, no live worker), or the mark off: the other marks judge.
     assert realtime_full(15, flow, capacity=None) is None
     assert realtime_full(15, flow, capacity=0) is None
-    assert realtime_full(15, FlowSettings(realtime_max_batches=None), capacity=4) is None
+    off = FlowSettings(realtime_max_batches=None, realtime_spill_batches=None)
+    assert realtime_full(15, off, capacity=4) is None
+
+
+def test_realtime_keeps_its_last_round_for_the_requests_that_asked_for_it() -> None:
+    """Past ``realtime_spill_batches`` x capacity the lane is full only for
+    the classifier's own picks; at ``realtime_max_batches`` for everyone."""
+    flow = FlowSettings(realtime_max_wait_ms=None, realtime_max_batches=2.0)
+    assert realtime_full(1, flow, capacity=2) is None
+    assert realtime_full(2, flow, capacity=2) == LaneFull(Lane.REALTIME, 2, 1_000, asked_too=False)
+    assert realtime_full(4, flow, capacity=2) == LaneFull(Lane.REALTIME, 4, 1_000)
+    asked = Decision(Lane.REALTIME, Path.LIGHT, lane_asked=True)
+    assert apply_level(asked, 0, 5_000, realtime_full(3, flow, capacity=2)) == asked
+    assert isinstance(apply_level(asked, 0, 5_000, realtime_full(4, flow, capacity=2)), Shed)
+    # Off, the classifier's picks spill only where everyone is refused.
+    assert realtime_full(3, FlowSettings(realtime_spill_batches=None), capacity=2) is None
+    with pytest.raises(ValueError, match="realtime_spill_batches"):
+        FlowSettings(realtime_spill_batches=2.0, realtime_max_batches=1.0)
 
 
 def test_the_realtime_gate_judges_by_the_capacity_the_board_last_gave() -> None:
     now = [10_000]
-    gate = RealtimeGate(FlowSettings(realtime_max_wait_ms=None), clock_ms=lambda: now[0])
+    flow = FlowSettings(realtime_max_wait_ms=None, realtime_max_batches=1.0)
+    gate = RealtimeGate(flow, clock_ms=lambda: now[0])
     gate.reported(2, 4.0, at_ms=10_000)
     gate.sent(2)
     assert gate.full() is None  # no card read yet: the count mark (16) alone
