@@ -47,6 +47,11 @@ ROUTED = Counter(
     "Requests the classifier put on a lane, by lane, path and why the path was chosen",
     ["lane", "path", "choice"],
 )
+SPILLED = Counter(
+    "laneway_spilled_total",
+    "Model requests the classifier put on a lane, found it full and sent to another instead",
+    ["from_lane", "to_lane"],
+)
 LATENCY = Histogram(
     "laneway_result_latency_seconds",
     "End-to-end latency from request produce time to result",

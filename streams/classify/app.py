@@ -62,14 +62,23 @@ from streams.kafka.intake import Intake, Taken
 from streams.kafka.otlp import exporter_for
 from streams.kafka.spans import Handled, classified_outcome
 from streams.kafka.tracing import child_trace, header, traced
-from streams.ops import BACKLOG, FLOW_LEVEL, LATENCY, RECORDS, RESULTS, ROUTED, ProcessState
+from streams.ops import (
+    BACKLOG,
+    FLOW_LEVEL,
+    LATENCY,
+    RECORDS,
+    RESULTS,
+    ROUTED,
+    SPILLED,
+    ProcessState,
+)
 from streams.rollout.board import RolloutBoard
 from streams.rollout.routers import RouterCatalog, ShadowTally, tally_key
 from streams.rules.rulefile import RuleSource
 from streams.stores.backlog import BacklogBoard, LatencyBoard
 from streams.stores.workerboard import WorkerBoard, lane_capacity, served_paths
 
-__all__ = ["build_app", "source_record"]
+__all__ = ["build_app", "observe_outcomes", "source_record"]
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +228,7 @@ def build_app(
         if spans is not None:
             spans.processed(handled, group=settings.app_id, start_ns=taken_ns)
         await lookups.remember(outcomes)
-        _observe(outcomes)
+        observe_outcomes(outcomes)
 
     async def acked(taken: Taken) -> None:
         """Every output of the batch is acknowledged: its offsets may move."""
@@ -376,7 +385,7 @@ def _to_realtime_model(classified: Classified) -> bool:
     )
 
 
-def _observe(outcomes: Sequence[Classified]) -> None:
+def observe_outcomes(outcomes: Sequence[Classified]) -> None:
     """Metrics of a wave: counts added once per label set, not per record
     (``labels()`` is a locked dictionary lookup; thousands a second add up)."""
     counts: Counter[tuple[Any, tuple[str, ...]]] = Counter()
@@ -386,6 +395,8 @@ def _observe(outcomes: Sequence[Classified]) -> None:
         decision = classified.decision
         if classified.outcome == "routed" and decision is not None:
             counts[(ROUTED, (str(decision.lane), str(decision.path), _choice(decision)))] += 1
+            if decision.spilled_from is not None:
+                counts[(SPILLED, (str(decision.spilled_from), str(decision.lane)))] += 1
         result = classified.result
         if result is not None:
             lane, path = str(result.lane or "none"), str(result.path or "none")

@@ -30,7 +30,7 @@ steps with no I/O (built-in rules, no cache), for tests and tools.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from schemas.errors import DeadlineExceeded, InvalidRequest, LanewayError, RateLimited
@@ -171,9 +171,8 @@ def route(
 
     spill = spills(decision, full)
     if spill is not None:  # the lane's own paths compete, as on any request sent there
-        decision = decide(
-            request, found, settings.routing, chooser, stats or {}, serving, lane=spill
-        )
+        chosen = decide(request, found, settings.routing, chooser, stats or {}, serving, lane=spill)
+        decision = replace(chosen, spilled_from=decision.lane)
     cheapest = router.registry.cheapest(decision.lane)
     adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms, full, cheapest)
     if isinstance(adjusted, Shed):

@@ -60,6 +60,8 @@ class Decision:
     """Set when flow control moved the request off the path the router chose."""
     forced: bool = False
     """``force_path`` chose the path: flow control may shed, never move it."""
+    spilled_from: Lane | None = None
+    """The full lane the request was put on first (``flow.spills``)."""
     lane_asked: bool = False
     """The client asked for this lane (its ``lane`` hint, or a deadline
     within ``realtime_max_deadline_ms``), so a full lane refuses it; a lane

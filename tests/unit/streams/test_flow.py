@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from prometheus_client import REGISTRY
 
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import FlowSettings, RoutingSettings, Settings
@@ -166,7 +167,8 @@ def test_a_full_realtime_lane_still_answers_by_rules() -> None:
 
 
 def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium() -> None:
-    from streams.classify.classifier import Admitted, admit, route
+    from streams.classify.app import observe_outcomes
+    from streams.classify.classifier import Admitted, Classified, admit, route
     from streams.classify.policy import Found
     from streams.classify.registry import builtin_registry
     from streams.classify.router import SmartRouter
@@ -175,12 +177,14 @@ def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium()
     router = SmartRouter(builtin_registry(settings.backend), settings.routing)
     now = 1_000_000
 
-    def lane_of(full: LaneFull | None, serving: Serving | None = None, **asked: object) -> str:
+    def classified(
+        full: LaneFull | None, serving: Serving | None = None, **asked: object
+    ) -> Classified:
         body = {"id": "r", "prompt": "What is the capital of France?", **asked}
         raw = json.dumps(body).encode()
         admitted = admit(SourceRecord(raw, None, now, "t", 0, 0), now_ms=now, settings=settings)
         assert isinstance(admitted, Admitted)
-        out = route(
+        return route(
             admitted,
             Found(),
             now_ms=now,
@@ -189,6 +193,9 @@ def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium()
             full=full,
             serving=serving,
         )
+
+    def lane_of(full: LaneFull | None, serving: Serving | None = None, **asked: object) -> str:
+        out = classified(full, serving, **asked)
         if out.outcome == "shed":
             assert out.result is not None and out.result.error is not None
             return out.result.error.code.value
@@ -205,6 +212,18 @@ def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium()
     assert lane_of(keeping) == "medium light"
     assert lane_of(keeping, lane="realtime") == "realtime light"
     assert lane_of(keeping, deadline_ms=2_000) == "realtime light"
+    spilled = classified(keeping)
+    assert (
+        spilled.decision is not None and spilled.decision.spilled_from is Lane.REALTIME
+    )  # counted for the operator:
+    before = REGISTRY.get_sample_value(
+        "laneway_spilled_total", {"from_lane": "realtime", "to_lane": "medium"}
+    )
+    observe_outcomes([spilled])
+    after = REGISTRY.get_sample_value(
+        "laneway_spilled_total", {"from_lane": "realtime", "to_lane": "medium"}
+    )
+    assert after == (before or 0.0) + 1
     # A premium tenant shares that room, and spills past it instead of a refusal.
     assert lane_of(keeping, tenant="vip") == "realtime light"
     assert lane_of(full, tenant="vip") == "medium light"
