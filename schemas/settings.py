@@ -204,12 +204,12 @@ class FlowSettings(BaseSettings):
     waiting) may fill what its live workers run at once (each worker's
     ``max_batch_size`` x ``max_inflight_batches``, from its heartbeat card)
     before new ones that asked for realtime are refused at once like past
-    ``realtime_max_backlog``. At 2, a request let in waits at most for the
-    batch running and the one before its own; at 1 it finds room in the
-    batch that runs next, and a burst past one batch is refused, on an idle
-    lane as well. A mark in the workers' own batches does not depend on how
-    fast the machine is, where ``realtime_max_wait_ms`` is one machine's
-    figure. ``None``: no such mark."""
+    ``realtime_max_backlog``. At 2 the lane holds the round running and a
+    full one waiting, so a request let in waits at most for the running
+    batch; at 1 it holds one round, and a burst past one batch is refused,
+    on an idle lane as well. A mark in the workers' own batches does not
+    depend on how fast the machine is, where ``realtime_max_wait_ms`` is one
+    machine's figure. ``None``: no such mark."""
     realtime_spill_batches: float | None = Field(default=1.0, gt=0)
     """The same mark, lower, for the model requests the classifier put on
     realtime by itself (simple work sent without a lane or a tight
