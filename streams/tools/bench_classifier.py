@@ -141,8 +141,11 @@ def format_rows(rows: Sequence[PhaseRow]) -> str:
     return "\n".join(lines)
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` so far (Linux), else ``None``."""
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux), else
+    ``None`` (also for no process)."""
+    if pid is None:
+        return None
     try:
         fields = FsPath(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
@@ -304,7 +307,7 @@ async def _phase(
     bodies = phase_requests(phase, n, f"{classifier.tag}-{uuid.uuid4().hex[:4]}")
     topic = classifier.settings.topic("requests")
     ids = {body["id"] for body in bodies}
-    pid = classifier.proc.pid if classifier.proc is not None else -1
+    pid = classifier.proc.pid if classifier.proc is not None else None
     cpu_before = cpu_seconds(pid)
     batches_before = batches_taken(classifier.port)
     started = time.perf_counter()

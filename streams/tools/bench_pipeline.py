@@ -114,9 +114,9 @@ async def _through_kafka(
             return list(results.values()), time.perf_counter() - started
 
         await run("warm", prompts[:2])  # the reply topic's metadata, the first decode
-        cpu_before = cpu_seconds(worker_pid) if worker_pid is not None else None
+        cpu_before = cpu_seconds(worker_pid)
         results, seconds = await run(f"run-{uuid.uuid4().hex[:4]}", prompts)
-        cpu_after = cpu_seconds(worker_pid) if worker_pid is not None else None
+        cpu_after = cpu_seconds(worker_pid)
     finally:
         await consumer.stop()
         await producer.stop()

@@ -47,6 +47,7 @@ def test_cpu_seconds_of_this_process() -> None:
     spent = cpu_seconds(os.getpid())
     assert spent is None or spent > 0
     assert cpu_seconds(-1) is None
+    assert cpu_seconds(None) is None
 
 
 def test_the_command_line_reaches_it() -> None:
