@@ -19,15 +19,25 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from schemas.messages import InferenceResult
+from schemas.messages import InferenceResult, Lane
 from schemas.settings import Settings
 from streams.classify.classifier import SourceRecord, classify_record
 from streams.client import LanewayClient
 from streams.rules.engine import RuleBook
+from streams.tools.plain_client import PlainClient
 
-__all__ = ["Row", "Sample", "format_table", "mixed_workload", "run_bench", "summarize"]
+__all__ = [
+    "CLIENTS",
+    "Row",
+    "Sample",
+    "format_table",
+    "mixed_workload",
+    "open_client",
+    "run_bench",
+    "summarize",
+]
 
 RULE_PROMPTS = ["Hello!", "thanks", "ping", "help"]
 SIMPLE_PROMPTS = [
@@ -173,31 +183,51 @@ def overload_workload(
     ]
 
 
-async def warm_up(client: LanewayClient, timeout_s: float) -> None:
+class BenchClient(Protocol):
+    async def submit(self, request: dict[str, Any]) -> asyncio.Future[InferenceResult]: ...
+
+
+CLIENTS = ("sdk", "plain")
+"""``sdk``: ``LanewayClient``. ``plain``: ``PlainClient``, a plain aiokafka
+producer and consumer at their default settings, as a user without the SDK."""
+
+
+def open_client(
+    settings: Settings, kind: str, name: str
+) -> contextlib.AbstractAsyncContextManager[BenchClient]:
+    """A client of ``kind`` (one of ``CLIENTS``) on its own reply topic."""
+    if kind == "plain":
+        return PlainClient(settings.kafka, name=name)
+    if kind == "sdk":
+        return LanewayClient(settings.kafka, client_id=f"{name}-{uuid.uuid4().hex[:6]}")
+    raise ValueError(f"unknown client {kind!r}; one of {', '.join(CLIENTS)}")
+
+
+async def warm_up(client: BenchClient, timeout_s: float) -> None:
     """One request through the classifier and one through each lane worker
     before the clock starts: the first record a process produces to a new
     reply topic waits for its metadata (on the embedded broker once up to
     the 30 s request timeout), which is set-up, not throughput."""
-    await asyncio.gather(
-        client.ask("ping", timeout_s=timeout_s),
-        *(
-            client.ask(
-                "Name a colour.", lane=lane, max_tokens=2, metadata=NO_CACHE, timeout_s=timeout_s
-            )
-            for lane in ("realtime", "medium", "bulk")
-        ),
-    )
+    model: dict[str, Any] = {"prompt": "Name a colour.", "max_tokens": 2, "metadata": NO_CACHE}
+    firsts = [{"prompt": "ping"}, *({**model, "lane": lane.value} for lane in Lane)]
+    futures = [await client.submit({"id": f"warm-{uuid.uuid4().hex}", **r}) for r in firsts]
+    await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
 
 
 async def drive(
-    settings: Settings, requests: Sequence[dict[str, Any]], concurrency: int, timeout_s: float
+    settings: Settings,
+    requests: Sequence[dict[str, Any]],
+    concurrency: int,
+    timeout_s: float,
+    client_kind: str = "sdk",
 ) -> tuple[list[Sample], float, int]:
-    """Send every request with at most ``concurrency`` in flight.
-    Returns samples, the start time and how many got no answer (lost)."""
+    """Send every request with at most ``concurrency`` in flight, through a
+    client of ``client_kind``. Returns samples, the start time and how many
+    got no answer (lost)."""
     samples: list[Sample] = []
     lost = 0
     gate = asyncio.Semaphore(concurrency)
-    async with LanewayClient(settings.kafka, client_id=f"bench-{uuid.uuid4().hex[:6]}") as client:
+    async with open_client(settings, client_kind, "bench") as client:
         await warm_up(client, timeout_s)
         started = time.perf_counter()
 
@@ -255,7 +285,7 @@ class StepRow:
 
 
 async def overload_step(
-    client: LanewayClient,
+    client: BenchClient,
     requests: Sequence[dict[str, Any]],
     rate_rps: float,
     timeout_s: float,
@@ -338,12 +368,12 @@ async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow
         {**r, "metadata": NO_CACHE}
         for r in mixed_workload(max(16, args.requests // 4), args.max_tokens)
     ]
-    samples, started, _ = await drive(settings, calibration, args.concurrency, timeout_s=300)
+    samples, started, _ = await drive(
+        settings, calibration, args.concurrency, timeout_s=300, client_kind=args.client
+    )
     capacity = len(samples) / max(1e-9, max(s.finished_at for s in samples) - started)
     rows = []
-    async with LanewayClient(
-        settings.kafka, client_id=f"overload-{uuid.uuid4().hex[:6]}"
-    ) as client:
+    async with open_client(settings, args.client, "overload") as client:
         for load in (1.0, 2.0, 3.0):
             rate = capacity * load
             n = max(1, round(rate * args.window_s))
@@ -385,7 +415,7 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
         else:
             requests = mixed_workload(args.requests, args.max_tokens)
             samples, started, lost = asyncio.run(
-                drive(running, requests, args.concurrency, timeout_s=300)
+                drive(running, requests, args.concurrency, timeout_s=300, client_kind=args.client)
             )
     if args.overload:
         print(

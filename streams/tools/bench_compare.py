@@ -127,7 +127,13 @@ def _run_once(
     try:
         requests = hybrid_workload(args.requests, args.max_tokens)
         samples, started, lost = asyncio.run(
-            drive(stack.settings, requests, args.concurrency, timeout_s=600)
+            drive(
+                stack.settings,
+                requests,
+                args.concurrency,
+                timeout_s=600,
+                client_kind=args.client,
+            )
         )
     finally:
         stack.stop()

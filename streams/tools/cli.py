@@ -92,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
     bench.add_argument("--overload", action="store_true", help="offer 1x/2x/3x capacity, open loop")
     bench.add_argument(
+        "--client",
+        choices=["sdk", "plain"],
+        default="sdk",
+        help="the mix, --overload, --compare: the SDK, or plain aiokafka at default settings",
+    )
+    bench.add_argument(
         "--compare",
         action="store_true",
         help="hybrid engine vs every request on the heavy path, two embedded stacks in one run",

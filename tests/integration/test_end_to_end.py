@@ -17,6 +17,7 @@ import pytest
 from schemas.messages import InferenceResult
 from schemas.settings import Settings
 from streams.client import LanewayClient
+from streams.tools.plain_client import PlainClient
 from streams.tools.supervisor import Stack
 from tests.integration.conftest import read_topic
 
@@ -53,6 +54,26 @@ async def test_every_lane_answers_exactly_once(client: LanewayClient, settings: 
     counts = Counter(InferenceResult.model_validate_json(r.value).id for r in replies)
     assert counts == Counter({r.id: 1 for r in results})
     assert client.duplicates == 0
+
+
+async def test_a_client_without_the_sdk_gets_answers_and_clear_errors(settings: Settings) -> None:
+    """Plain aiokafka at its default settings, JSON written by hand: the
+    wire contract alone is enough for a rule, a model and a bad request."""
+    async with PlainClient(settings.kafka, name="e2e-plain") as plain:
+        asks = [
+            {"prompt": "Hello!"},
+            {"prompt": "What is the capital of France?", "lane": "realtime", "max_tokens": 8},
+            {"prompt": "Hello!", "max_tokens": 0},
+        ]
+        futures = [
+            await plain.submit({"id": f"plain-{i}-{uuid.uuid4().hex[:6]}", **ask})
+            for i, ask in enumerate(asks)
+        ]
+        rule, model, bad = await asyncio.wait_for(asyncio.gather(*futures), 120)
+    assert (rule.status, rule.path) == ("ok", "rules") and rule.output
+    assert (model.status, model.lane, model.path) == ("ok", "realtime", "light") and model.output
+    assert bad.status == "error" and bad.error is not None and bad.error.code == "INF-400"
+    assert "max_tokens" in bad.error.message
 
 
 async def test_results_and_quality_topics_see_every_terminal_result(
