@@ -148,7 +148,7 @@ def build_app(
         stats=lambda: routes.snapshot,
         level=lambda: max(flow.level, slow.level),
         serving=lambda: live["serving"],
-        full=gate.full,
+        gate=gate,
         drift=drift,
         rollout=lambda: rollout.current,
         tally=tally,
@@ -192,7 +192,6 @@ def build_app(
                 done = 0
                 async for wave in waves:
                     outcomes = [classified for _, classified in wave]
-                    gate.sent(sum(map(_to_realtime_model, outcomes)))
                     # Each request's records carry a child of its traceparent (or a new trace).
                     trace = {i: child_trace(records[i].headers) for i, _ in wave}
                     out = [r for i, c in wave for r in traced(c.records, header(trace[i][1]))]
@@ -375,14 +374,6 @@ def _choice(decision: Decision) -> str:
     if decision.requested_path is not None:
         return "degraded"
     return "explored" if decision.explored else "scored"
-
-
-def _to_realtime_model(classified: Classified) -> bool:
-    """A model request routed to the realtime lane."""
-    decision = classified.decision
-    return (
-        classified.outcome == "routed" and decision is not None and decision.lane is Lane.REALTIME
-    )
 
 
 def observe_outcomes(outcomes: Sequence[Classified]) -> None:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from schemas.errors import BackendUnavailable
-from schemas.messages import ChatMessage, Path
+from schemas.messages import ChatMessage, Lane, Path
 from schemas.settings import Settings
 from streams.cache.embedding import Embedder, MiniLMEmbedder
 from streams.cache.hot_questions import HotQuestions
@@ -56,7 +56,7 @@ from streams.classify.classifier import (
 )
 from streams.classify.drift import DriftMonitor
 from streams.classify.features import RequestFeatures
-from streams.classify.flow import LaneFull
+from streams.classify.flow import RealtimeGate
 from streams.classify.policy import Found
 from streams.classify.router import PathStats, SmartRouter
 from streams.kafka.envelopes import dlq_for
@@ -491,23 +491,26 @@ class BatchClassifier:
         stats: Callable[[], Mapping[Path, PathStats]] = dict,
         level: Callable[[], int] = lambda: 0,
         serving: Callable[[], Serving | None] = lambda: None,
-        full: Callable[[], LaneFull | None] = lambda: None,
+        gate: RealtimeGate | None = None,
         drift: DriftMonitor | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         rollout: Callable[[], RolloutView | None] = lambda: None,
         tally: ShadowTally | None = None,
     ) -> None:
         """``serving``: per lane, the paths live workers serve (the worker
-        board); ``None`` while it is not known. ``rollout``: the model (and
-        router) versions as last read (``streams.rollout``); ``tally``: where
-        shadow router versions' decisions are counted."""
+        board); ``None`` while it is not known. ``gate``: whether the
+        realtime lane is full; each model request routed there is counted on
+        it as it is routed, so a burst in one wave fills the lane no further
+        than one at a time would. ``rollout``: the model (and router)
+        versions as last read (``streams.rollout``); ``tally``: where shadow
+        router versions' decisions are counted."""
         self.settings = settings
         self.lookups = lookups
         self.router = router
         self._stats = stats
         self._level = level
         self._serving = serving
-        self._full = full
+        self._gate = gate
         self._drift = drift
         self._clock_ms = clock_ms
         self._rollout = rollout
@@ -606,10 +609,12 @@ class BatchClassifier:
             level=level,
             history=looked.history,
             serving=self._serving(),
-            full=self._full(),
+            full=self._gate.full() if self._gate is not None else None,
             rollout=self._rollout(),
         )
         decision = classified.decision
+        if self._gate is not None and _to_realtime_model(classified):
+            self._gate.sent()
         if self.tally is not None and decision is not None:
             taken = decision.requested_path or decision.path
             for version, path in classified.router_shadows:
@@ -634,3 +639,11 @@ class BatchClassifier:
         )
         error = BackendUnavailable(f"classifier error: {type(exc).__name__}: {exc}")
         return Classified("rejected", [dlq_for(record, error, self.settings)])
+
+
+def _to_realtime_model(classified: Classified) -> bool:
+    """A model request routed to the realtime lane."""
+    decision = classified.decision
+    return (
+        classified.outcome == "routed" and decision is not None and decision.lane is Lane.REALTIME
+    )

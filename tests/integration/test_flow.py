@@ -15,6 +15,7 @@ from schemas.settings import BackendSettings, Settings
 from streams.client import LanewayClient
 from streams.kafka.topics import create_topics
 from streams.stores.backlog import BacklogBoard, LaneLoad
+from streams.stores.workerboard import WorkerBoard
 from tests.integration.conftest import CHILD_ENV, produce_to_lane, routed_now
 from workers.execution import Executor, backend_slots
 from workers.lane_worker import LaneWorker
@@ -227,3 +228,65 @@ async def test_backlog_sheds_bulk_intake_and_the_stack_recovers(
     finally:
         await redis.hdel(f"{CHILD_ENV['LANEWAY_REDIS_KEY_PREFIX']}:backlog", f"medium:{worker_id}")
         await redis.aclose()
+
+
+CAPITALS = ["France", "Spain", "Italy", "Japan", "Peru", "Chile", "Egypt", "Kenya"]
+
+
+async def gate_knows_the_realtime_workers(settings: Settings) -> None:
+    """Wait until a realtime worker's card is on the board and the
+    classifier has had the time to read it (it re-reads the board once a
+    heartbeat) and the lane's backlog (once a gate interval)."""
+    redis = aioredis.from_url(settings.redis.url)
+    board = WorkerBoard(redis, settings.redis.key_prefix)
+    try:
+        for _ in range(100):
+            cards = await board.live() or []
+            if any(card.lane == Lane.REALTIME for card in cards):
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("no realtime worker on the board")
+    finally:
+        await redis.aclose()
+    await asyncio.sleep(settings.worker_heartbeat_s + 2 * settings.flow.gate_interval_s)
+
+
+async def test_simple_work_spills_to_medium_and_realtime_keeps_room_for_those_who_ask(
+    client: LanewayClient, settings: Settings
+) -> None:
+    """Eight simple questions at once, sent without a lane or a tight
+    deadline: the classifier puts them on realtime by itself until the lane
+    holds what its worker runs at once (a batch of 2), then sends the rest to
+    medium. A request that asks for realtime right after is still taken
+    there (the room up to the refusal mark is kept for it), and every one
+    of the nine is answered."""
+    await gate_knows_the_realtime_workers(settings)
+    burst = [
+        await client.submit(
+            {
+                "id": f"spill-{i}-{uuid.uuid4().hex[:6]}",
+                "prompt": f"What is the capital of {country}?",
+                "max_tokens": 16,
+                "metadata": NO_CACHE,
+            }
+        )
+        for i, country in enumerate(CAPITALS)
+    ]
+    asked = await client.submit(
+        {
+            "id": f"asked-{uuid.uuid4().hex[:6]}",
+            "prompt": "Name a fruit.",
+            "lane": "realtime",
+            "max_tokens": 8,
+            "metadata": NO_CACHE,
+        }
+    )
+    results = await asyncio.wait_for(asyncio.gather(*burst), 180)
+    urgent = await asyncio.wait_for(asked, 60)
+
+    assert all(r.status == "ok" for r in results), [r.error for r in results]
+    lanes = [r.lane for r in results]
+    assert lanes.count(Lane.MEDIUM) >= 4, lanes  # 6 when nothing drained meanwhile
+    assert all(r.path == "light" for r in results if r.lane == Lane.REALTIME), results
+    assert (urgent.status, urgent.lane) == ("ok", Lane.REALTIME), urgent

@@ -16,10 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.messages import InferenceRequest, InferenceResult
-from schemas.settings import RedisSettings, RoutingSettings, Settings
+from schemas.settings import FlowSettings, RedisSettings, RoutingSettings, Settings
 from streams.cache.response import CacheHit, Probe
 from streams.classify.batch import BatchClassifier, BatchLookups, Plan, semantic_wanted, waves
 from streams.classify.classifier import Admitted, SourceRecord
+from streams.classify.flow import RealtimeGate
 from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
 from streams.rules.engine import DEFAULT_RULES, Rule, RuleAnswer, RuleBook, Template
@@ -117,7 +118,9 @@ class FixedRules:
         self.book = book
 
 
-def _classifier(book: RuleBook, embedder: CountingEmbedder | None = None) -> BatchClassifier:
+def _classifier(
+    book: RuleBook, embedder: CountingEmbedder | None = None, gate: RealtimeGate | None = None
+) -> BatchClassifier:
     dead = RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
     settings = Settings(redis=dead, routing=RoutingSettings(exploration=0.0))
     source = FixedRules(book)
@@ -128,7 +131,7 @@ def _classifier(book: RuleBook, embedder: CountingEmbedder | None = None) -> Bat
         embedder=embedder,
     )
     router = SmartRouter(builtin_registry(settings.backend), settings.routing)
-    return BatchClassifier(settings, lookups, router, clock_ms=lambda: NOW)
+    return BatchClassifier(settings, lookups, router, clock_ms=lambda: NOW, gate=gate)
 
 
 def _record(offset: int, value: bytes, key: bytes | None = None) -> SourceRecord:
@@ -189,6 +192,27 @@ async def test_classify_waves_yields_each_record_once(size: int) -> None:
     records = [_record(i, _body(f"w{i}", "hi"), key=b"same") for i in range(size)]
     seen = [i async for wave in classifier.classify_waves(records) for i, _ in wave]
     assert seen == list(range(size))
+
+
+async def test_a_burst_in_one_wave_fills_the_realtime_lane_one_request_at_a_time() -> None:
+    """The gate counts each realtime model request as it is routed: of six
+    simple questions in one wave, the lane (an idle worker that runs 2 at
+    once) takes 2 and medium the rest; one that asks for realtime after
+    them is still taken, in the room kept up to twice that."""
+    gate = RealtimeGate(FlowSettings(), clock_ms=lambda: NOW)
+    gate.reported(0, None, at_ms=NOW - 1)
+    gate.serving(2)
+    classifier = _classifier(RuleBook(), gate=gate)
+    countries = ["France", "Spain", "Italy", "Japan", "Peru", "Chile"]
+    bodies = [_body(f"s{i}", f"What is the capital of {c}?") for i, c in enumerate(countries)]
+    asked = json.dumps({"id": "asked", "prompt": "Name a fruit.", "lane": "realtime"}).encode()
+    records = [_record(i, body) for i, body in enumerate([*bodies, asked])]
+    (wave,) = [wave async for wave in classifier.classify_waves(records)]
+
+    lanes = [c.decision.lane.value if c.decision else None for _, c in wave]
+    assert lanes == ["realtime", "realtime", *["medium"] * 4, "realtime"]
+    assert [c.decision.spilled_from for _, c in wave[2:6] if c.decision] == ["realtime"] * 4
+    assert gate.waiting() == 3
 
 
 # -- the delivery pipeline ---------------------------------------------------------
