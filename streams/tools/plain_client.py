@@ -85,7 +85,10 @@ class PlainClient:
 
     async def _read(self) -> None:
         async for record in self._consumer:
-            result = InferenceResult.model_validate_json(record.value or b"")
+            try:
+                result = InferenceResult.model_validate_json(record.value or b"")
+            except ValueError:
+                continue  # not a result: nobody's answer, and no reason to stop reading
             future = self._pending.pop(result.id, None)  # a second reply is a duplicate
             if future is not None and not future.done():
                 future.set_result(result)
