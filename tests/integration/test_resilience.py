@@ -129,6 +129,30 @@ async def submit_all(
     return futures
 
 
+async def asked_again_as_told(
+    client: LanewayClient,
+    settings: Settings,
+    asked: dict[str, dict[str, Any]],
+    results: dict[str, InferenceResult],
+    tag: str,
+) -> dict[str, InferenceResult]:
+    """A burst past what the realtime workers run at once may be refused at
+    once (INF-429 with a retry time: the lane is full), not queued and not
+    lost; asked again as told, each is answered. ``asked``: each id's
+    request. The results, the refused ones replaced by their retries'."""
+    for attempt in range(5):
+        refused = [rid for rid, r in results.items() if lane_full(r)]
+        if not refused:
+            break
+        await asyncio.sleep(settings.flow.realtime_retry_after_ms / 1000)
+        requests = [asked[rid] for rid in refused]
+        again = await submit_all(client, requests, f"{tag}{attempt}")
+        asked.update(zip(again, requests, strict=True))
+        results.update(await every_id_answered(again, timeout_s=120))
+        results = {rid: r for rid, r in results.items() if rid not in refused}
+    return results
+
+
 async def every_id_answered(
     futures: dict[str, asyncio.Future[InferenceResult]], timeout_s: float
 ) -> dict[str, InferenceResult]:
@@ -515,17 +539,7 @@ async def test_redis_stopped_and_started_loses_no_request(resilient_stack: Stack
             await asyncio.to_thread(redis.start)
         after = await submit(realtime_mix(6), "redis-back")
         results = await every_id_answered({**before, **during, **after}, timeout_s=180)
-        # A burst past what the realtime worker runs at once may be refused
-        # at once (INF-429 with a retry time: the lane is full), not queued
-        # and not lost; asked again as told, each is answered.
-        for attempt in range(5):
-            refused = [rid for rid, r in results.items() if lane_full(r)]
-            if not refused:
-                break
-            await asyncio.sleep(settings.flow.realtime_retry_after_ms / 1000)
-            again = await submit([asked[rid] for rid in refused], f"redis-retry{attempt}")
-            results.update(await every_id_answered(again, timeout_s=120))
-            results = {rid: r for rid, r in results.items() if rid not in refused}
+        results = await asked_again_as_told(client, settings, asked, results, "redis-retry")
     assert answered_while_down > 0
     failed = {rid: r.error for rid, r in results.items() if r.status != "ok"}
     assert not failed, failed
@@ -539,13 +553,17 @@ async def test_classifier_killed_mid_stream_loses_no_request(resilient_stack: St
     restarts = classifier.restarts
     settings = resilient_stack.settings
     async with LanewayClient(settings.kafka, client_id=f"ck-{uuid.uuid4().hex[:6]}") as client:
-        before = await submit_all(client, realtime_mix(12), "before-kill")
+        first, second = realtime_mix(12), realtime_mix(18)
+        before = await submit_all(client, first, "before-kill")
         await asyncio.wait(before.values(), return_when=asyncio.FIRST_COMPLETED, timeout=60)
         assert classifier.pid is not None
         os.kill(classifier.pid, signal.SIGKILL)
-        # Produced while no classifier runs: they wait on the request topic.
-        during = await submit_all(client, realtime_mix(18), "during-restart")
+        # Produced while no classifier runs: they wait on the request topic,
+        # and the restarted classifier takes them as one burst.
+        during = await submit_all(client, second, "during-restart")
         results = await every_id_answered({**before, **during}, timeout_s=240)
+        asked = dict(zip([*before, *during], [*first, *second], strict=True))
+        results = await asked_again_as_told(client, settings, asked, results, "restart-retry")
         duplicates = client.duplicates
     assert classifier.restarts > restarts
     failed = {rid: r.error for rid, r in results.items() if r.status != "ok"}
