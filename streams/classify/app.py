@@ -181,6 +181,11 @@ def build_app(
 
     @app.task
     async def classify() -> None:
+        # The gate's marks before the first batch: a restart's backlog comes
+        # as one burst, and the timers first fire an interval after start.
+        await read_workers()
+        if settings.flow.enabled:
+            await read_realtime_load()
         await intake.start()
         pipeline = Pipeline()  # batch N is produced and acked while N+1 is looked up
         try:
@@ -262,25 +267,31 @@ def build_app(
                 {k.value: round(v) for k, v in (latency or {}).items()},
             )
 
-    @app.timer(settings.flow.gate_interval_s)
-    async def watch_realtime() -> None:
-        """Re-read the lane backlog board for the gate, more often than the
-        load levels (which read what this read last): a worker reports as
-        its batches start and end."""
-        if not settings.flow.enabled:
-            return
+    async def read_realtime_load() -> None:
+        """The lane backlog board, for the gate: a worker reports as its
+        batches start and end."""
         loads = live["loads"] = await backlog_board.read_loads()
         if loads is not None:  # None: Redis cannot say; the gate fails open once stale
             realtime = loads[Lane.REALTIME]
             gate.reported(realtime.waiting, realtime.drain_per_s, realtime.at_ms)
 
-    @app.timer(settings.worker_heartbeat_s)
-    async def read_worker_board() -> None:
+    async def read_workers() -> None:
         """Which paths live workers serve on each lane (``None``: Redis
         cannot say), and what the realtime ones run at once (the gate's mark)."""
         cards = await workers.live()
         live["serving"] = None if cards is None else served_paths(cards)
         gate.serving(None if cards is None else lane_capacity(cards).get(Lane.REALTIME))
+
+    @app.timer(settings.flow.gate_interval_s)
+    async def watch_realtime() -> None:
+        """Re-read the realtime load more often than the load levels (which
+        read what this read last)."""
+        if settings.flow.enabled:
+            await read_realtime_load()
+
+    @app.timer(settings.worker_heartbeat_s)
+    async def read_worker_board() -> None:
+        await read_workers()
 
     @app.timer(settings.routing.weights_refresh_s)
     async def refresh_routes() -> None:
