@@ -42,8 +42,9 @@ VENV=${GPU_CHECK_VENV:-.venv-gpu}
 OUT_DIR=${GPU_CHECK_OUT:-${OUT:-gpu-check-out}}
 WHEELHOUSE=${GPU_CHECK_WHEELHOUSE:-}
 MODEL_DIR=${LANEWAY_BACKEND_VLLM_MODEL_DIR:-}
-TESTS_TIMEOUT_S=150
-BENCH_TIMEOUT_S=140
+TESTS_TIMEOUT_S=130
+BENCH_TIMEOUT_S=130
+KILL_AFTER_S=10  # past a timeout, SIGKILL what did not stop (an engine-core process)
 
 # Nothing may reach the Hub or report usage.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
@@ -80,6 +81,8 @@ if [ -n "$WHEELHOUSE" ]; then
 fi
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
+# A run killed at its timeout writes no report: never read an older run's.
+rm -f "$OUT_DIR"/tests.xml "$OUT_DIR"/tests.txt "$OUT_DIR"/bench.json "$OUT_DIR"/bench.txt
 
 # -- install ------------------------------------------------------------------
 
@@ -141,7 +144,7 @@ step "GPU tests (at most ${TESTS_TIMEOUT_S} s)"
 tests_started=$SECONDS
 # Eager mode: the engine loads in seconds; the bench below measures the
 # compiled engine with CUDA graphs, as served.
-LANEWAY_BACKEND_VLLM_ENFORCE_EAGER=true timeout "$TESTS_TIMEOUT_S" "$PY" -m pytest \
+LANEWAY_BACKEND_VLLM_ENFORCE_EAGER=true timeout -k "$KILL_AFTER_S" "$TESTS_TIMEOUT_S" "$PY" -m pytest \
     tests/integration/test_vllm.py tests/unit/workers/test_vllm.py \
     -p no:cacheprovider -rA -s --junitxml "$OUT_DIR/tests.xml" 2>&1 | tee "$OUT_DIR/tests.txt" \
     || status=1
@@ -163,7 +166,7 @@ EOF
 step "tests: ${TESTS:-no report} in ${tests_s} s"
 
 step "GPU bench, batches of 1, 8 and 32 (at most ${BENCH_TIMEOUT_S} s)"
-timeout "$BENCH_TIMEOUT_S" "$PY" -m streams.tools.bench_gpu --batch-sizes 1,8,32 \
+timeout -k "$KILL_AFTER_S" "$BENCH_TIMEOUT_S" "$PY" -m streams.tools.bench_gpu --batch-sizes 1,8,32 \
     --requests 32 --max-tokens 64 --out "$OUT_DIR/bench.json" 2>&1 | tee "$OUT_DIR/bench.txt" \
     || status=1
 

@@ -54,6 +54,9 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(REASON is not None, reason=REASON or ""),
     pytest.mark.asyncio(loop_scope="module"),
+    # vLLM, torch and transformers warn as they load (a FutureWarning, a
+    # UserWarning); the suite's "error" would fail the engine fixture on it.
+    pytest.mark.filterwarnings("default"),
 ]
 
 

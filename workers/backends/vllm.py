@@ -9,9 +9,12 @@ running, continuously, so a request never waits for another batch to end.
 
 A request's deadline bounds it: past it the request is aborted in the engine
 and answers ``INF-503``, as llama.cpp's do. CUDA and out-of-memory errors,
-also where vLLM wraps them in its own, map to ``CUDA-ERR`` and ``MEM-ERR``;
-an engine that died answers ``CUDA-ERR`` too, so that execution drops it and
-the probe after the breaker's cooldown loads a fresh one.
+also where vLLM wraps them in its own, map to ``CUDA-ERR`` and ``MEM-ERR``
+(where the error reaches this process). vLLM v1 runs the model in an
+engine-core process of its own: an error there kills that engine, and this
+process sees only ``EngineDeadError``, so an out-of-memory while serving
+answers ``CUDA-ERR`` too; execution then drops the engine and the probe
+after the breaker's cooldown loads a fresh one.
 
 The decisions are plain functions, tested without vLLM or a GPU
 (``tests/unit/workers/test_vllm.py``): ``model_source``, ``sampling_options``,
@@ -157,10 +160,11 @@ def map_vllm_exception(exc: BaseException) -> LanewayError:
 
 def generation_from(output: Any, *, strip: bool = False) -> Outcome:
     """A finished vLLM ``RequestOutput`` as a ``Generation``, with its token
-    counts; an output the engine aborted (not at our deadline) is INF-502."""
+    counts; an output the engine aborted (not at our deadline) or ended in
+    its own error (``finish_reason`` "error": text empty or cut) is INF-502."""
     completion = output.outputs[0]
-    if completion.finish_reason == "abort":
-        return BackendUnavailable("vLLM aborted the request")
+    if completion.finish_reason in ("abort", "error"):
+        return BackendUnavailable(f"vLLM ended the request: {completion.finish_reason}")
     text = completion.text.strip() if strip else completion.text
     return Generation(
         text=text,

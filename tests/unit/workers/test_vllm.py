@@ -263,6 +263,11 @@ def test_an_output_the_engine_aborted_is_inf_502() -> None:
     assert isinstance(generation_from(output("", "abort")), BackendUnavailable)
 
 
+def test_an_output_that_ended_in_the_engines_own_error_is_inf_502() -> None:
+    """vLLM's ``finish_reason`` "error": its text is empty or cut short."""
+    assert isinstance(generation_from(output(" Par", "error")), BackendUnavailable)
+
+
 async def test_a_backend_not_loaded_is_inf_502() -> None:
     backend = VLLMBackend("m", BackendSettings())
     with pytest.raises(BackendUnavailable, match="not loaded"):
