@@ -198,6 +198,9 @@ class FlowSettings(BaseSettings):
     """How long the realtime lane's waiting model requests may take its
     workers to reach (waiting / the records they answer a busy second)
     before new ones are refused at once like past ``realtime_max_backlog``.
+    Where the workers' capacity is known (their heartbeat cards), only the
+    requests queued behind the round they run count: that round is the one
+    ``realtime_max_batches`` keeps for the requests that ask for realtime.
     ``None``: only the count mark."""
     realtime_max_batches: float | None = Field(default=2.0, gt=0)
     """How many times over the realtime lane's model requests (running and

@@ -116,15 +116,21 @@ def realtime_full(
 ) -> LaneFull | None:
     """The realtime lane, when ``waiting`` is at its ``realtime_max_backlog``,
     fills ``realtime_max_batches`` times over the ``capacity`` its live
-    workers run at once, or would wait ``realtime_max_wait_ms`` or more for
-    workers that answer ``drain_per_s`` records a busy second (``None``: not
-    known). Short of those marks but at ``realtime_spill_batches`` times the
-    capacity, it is full only for the requests the classifier put there by
-    itself (``LaneFull.asked_too`` false)."""
+    workers run at once, or holds, queued behind the round they run
+    (all of ``waiting`` when ``capacity`` is not known), records that would
+    take ``realtime_max_wait_ms`` or more to reach for workers that answer
+    ``drain_per_s`` records a busy second (``None``: not known). Short of
+    those marks but at ``realtime_spill_batches`` times the capacity, it is
+    full only for the requests the classifier put there by itself
+    (``LaneFull.asked_too`` false)."""
     by_count = flow.realtime_max_backlog is not None and waiting >= flow.realtime_max_backlog
     if flow.realtime_max_batches is not None and capacity:
         by_count = by_count or waiting >= flow.realtime_max_batches * capacity
-    wait_ms = LaneLoad(waiting, drain_per_s).wait_ms
+    # A realtime report counts the round running too. With the workers'
+    # capacity known, a new request waits behind what is queued after it
+    # (the batch mark keeps that round for the requests that ask).
+    queued = max(0, waiting - capacity) if capacity else waiting
+    wait_ms = LaneLoad(queued, drain_per_s).wait_ms
     by_time = (
         flow.realtime_max_wait_ms is not None
         and wait_ms is not None

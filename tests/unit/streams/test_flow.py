@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import pytest
 from prometheus_client import REGISTRY
@@ -245,6 +246,22 @@ def test_realtime_is_full_when_its_waiting_would_take_too_long_to_reach() -> Non
     assert realtime_full(15, flow, None) is None  # no rate known: the count mark alone
     assert realtime_full(16, flow, 100.0) is not None
     assert realtime_full(15, FlowSettings(realtime_max_wait_ms=None), 0.5) is None
+
+
+def test_the_wait_mark_counts_what_waits_behind_the_round_running() -> None:
+    """A realtime worker's report counts the records it is running too. Its
+    workers' capacity known, the wait mark counts only those queued behind
+    that round, so it does not refuse the second round the batch mark keeps
+    for requests that ask for realtime (it did: two batches of 2 running at
+    4 records a second read as a second of work, at the 1000 ms default)."""
+    flow = FlowSettings(realtime_max_wait_ms=1_000, realtime_max_batches=2.0)
+    spill = LaneFull(Lane.REALTIME, 4, 1_000, asked_too=False)
+    assert realtime_full(4, flow, 4.0, capacity=4) == spill  # the round running, none queued
+    assert realtime_full(7, flow, 4.0, capacity=4) == replace(spill, waiting=7)  # 0.75 s queued
+    assert realtime_full(8, flow, 4.0, capacity=4) == LaneFull(Lane.REALTIME, 8, 1_000)
+    slow = realtime_full(5, flow, 0.5, capacity=4)  # one queued, 2 s at this rate
+    assert slow == LaneFull(Lane.REALTIME, 5, 1_000)
+    assert realtime_full(4, flow, 4.0) == LaneFull(Lane.REALTIME, 4, 1_000)  # no capacity: all
 
 
 def test_realtime_is_full_when_it_holds_what_its_live_workers_run_at_once() -> None:
