@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from schemas.errors import BackendUnavailable
-from schemas.messages import ChatMessage, Lane, Path
+from schemas.messages import ChatMessage, Lane, Path, RequestLimits
 from schemas.settings import Settings
 from streams.cache.embedding import Embedder, MiniLMEmbedder
 from streams.cache.hot_questions import HotQuestions
@@ -55,8 +55,8 @@ from streams.classify.classifier import (
     route,
 )
 from streams.classify.drift import DriftMonitor
-from streams.classify.features import RequestFeatures
-from streams.classify.flow import RealtimeGate
+from streams.classify.features import RequestFeatures, TextTraits, text_traits
+from streams.classify.flow import LaneFull, RealtimeGate
 from streams.classify.policy import Found
 from streams.classify.router import PathStats, SmartRouter
 from streams.kafka.envelopes import dlq_for
@@ -112,6 +112,7 @@ class Plan:
     admitted: Admitted
     text: str
     intent: tuple[str | None, float] = (None, 0.0)
+    traits: TextTraits | None = None
     match: RuleMatch | None = None
     """The rule that owns the text, if any (its lookup not yet read)."""
     bare: Probe | None = None
@@ -135,6 +136,7 @@ class Plan:
             intent=self.intent[0],
             history_turns=len(self.history),
             embedding=self.embedding,
+            traits=self.traits,
         )
 
 
@@ -239,8 +241,9 @@ class BatchLookups:
 
     def _plan(self, admitted: Admitted, seen: dict[str, Any]) -> Plan:
         """What to ask about one request. ``seen``: what this batch already
-        worked out per text (intent, rule match; pure functions of the text
-        and the rule book), so a text asked many times is classified once."""
+        worked out per text (intent, rule match, text traits; pure functions
+        of the text and the rule book), so a text asked many times is
+        classified once."""
         request = admitted.request
         plan = Plan(admitted, request.user_text())
         if self.settings.routing.force_path is not None:
@@ -254,8 +257,8 @@ class BatchLookups:
                 if self.settings.routing.rules_enabled
                 else None
             )
-            known = seen[plan.text] = (intent, match)
-        plan.intent, plan.match = known
+            known = seen[plan.text] = (intent, match, text_traits(plan.text))
+        plan.intent, plan.match, plan.traits = known
         if self.settings.cache_in_use:
             plan.bare = self.cache.probe(request)
         return plan
@@ -535,8 +538,8 @@ class BatchClassifier:
         so a later turn of a session sees the earlier one. ``before`` is
         awaited with the batch's ordering keys before its first lookup (the
         agent waits there for an earlier batch still delivering one of them)."""
-        now_ms = self._clock_ms()
-        admitted: list[Admitted | Classified] = [self._admit(r, now_ms) for r in records]
+        now_ms, limits = self._clock_ms(), self.settings.request_limits()
+        admitted = [self._admit(r, now_ms, limits) for r in records]
         keys = [_ordering_keys(r, a) for r, a in zip(records, admitted, strict=True)]
         if before is not None:
             await before({k for item in keys for k in item if k is not None})
@@ -585,9 +588,11 @@ class BatchClassifier:
             log.exception("batch lookups failed; classifying %d records alone", len(asking))
             return [exc] * len(asking)
 
-    def _admit(self, record: SourceRecord, now_ms: int) -> Admitted | Classified:
+    def _admit(
+        self, record: SourceRecord, now_ms: int, limits: RequestLimits
+    ) -> Admitted | Classified:
         try:
-            return admit(record, now_ms=now_ms, settings=self.settings)
+            return admit(record, now_ms=now_ms, settings=self.settings, limits=limits)
         except Exception as exc:
             return self._failed(record, exc)
 
@@ -609,7 +614,7 @@ class BatchClassifier:
             level=level,
             history=looked.history,
             serving=self._serving(),
-            full=self._gate.full() if self._gate is not None else None,
+            full=self._full(looked.found),
             rollout=self._rollout(),
         )
         decision = classified.decision
@@ -625,6 +630,13 @@ class BatchClassifier:
             # request on this path. The fields are plain values.
             self._drift.observe({name: getattr(features, name) for name in _FEATURES})
         return classified
+
+    def _full(self, found: Found) -> LaneFull | None:
+        """The gate's word, asked only of a request that may go to a lane
+        (a cache hit or a rule's answer is given here whatever it says)."""
+        if self._gate is None or found.hit is not None or found.rule is not None:
+            return None
+        return self._gate.full()
 
     def _failed(self, record: SourceRecord, exc: BaseException) -> Classified:
         """A bug on one record: that record to the DLQ, its batch-mates go on."""

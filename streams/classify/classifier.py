@@ -39,6 +39,7 @@ from schemas.messages import (
     InferenceRequest,
     InferenceResult,
     Path,
+    RequestLimits,
     RoutedRequest,
     Timings,
     parse_request,
@@ -108,10 +109,18 @@ class Classified:
     (compare with ``decision.path``, the one taken)."""
 
 
-def admit(record: SourceRecord, *, now_ms: int, settings: Settings) -> Admitted | Classified:
-    """The accepted request, or the refusal (INF-400 + DLQ, INF-503) to produce."""
+def admit(
+    record: SourceRecord,
+    *,
+    now_ms: int,
+    settings: Settings,
+    limits: RequestLimits | None = None,
+) -> Admitted | Classified:
+    """The accepted request, or the refusal (INF-400 + DLQ, INF-503) to
+    produce. ``limits``: ``settings.request_limits()``, if the caller holds
+    them (a batch builds them once)."""
     raw = record.value or b""
-    limits = settings.request_limits()
+    limits = limits or settings.request_limits()
     try:
         if len(raw) > settings.limits.max_record_bytes:
             raise InvalidRequest(
@@ -119,7 +128,7 @@ def admit(record: SourceRecord, *, now_ms: int, settings: Settings) -> Admitted 
             )
         request = parse_request(raw, limits)
     except InvalidRequest as error:
-        return _reject(record, raw, error, now_ms=now_ms, settings=settings)
+        return _reject(record, raw, error, now_ms=now_ms, settings=settings, limits=limits)
 
     admitted = Admitted(request, request.reply_to or settings.replies_topic, record)
     age_ms = admitted.age_ms(now_ms)
@@ -353,10 +362,16 @@ def _terminal(
 
 
 def _reject(
-    record: SourceRecord, raw: bytes, error: LanewayError, *, now_ms: int, settings: Settings
+    record: SourceRecord,
+    raw: bytes,
+    error: LanewayError,
+    *,
+    now_ms: int,
+    settings: Settings,
+    limits: RequestLimits,
 ) -> Classified:
     records = [dlq_for(record, error, settings)]
-    address = peek_reply_address(raw, settings.request_limits())
+    address = peek_reply_address(raw, limits)
     result = None
     if address is not None:
         request_id, reply_to = address

@@ -21,12 +21,14 @@ from schemas.settings import RoutingSettings
 __all__ = [
     "Complexity",
     "RequestFeatures",
+    "TextTraits",
     "asks_realtime",
     "complexity_of",
     "detect_language",
     "estimate_tokens",
     "extract_features",
     "lane_for",
+    "text_traits",
 ]
 
 _CODE = re.compile(
@@ -127,27 +129,53 @@ def detect_language(text: str) -> str:
     return best if hits else "en"
 
 
+@dataclass(frozen=True, slots=True)
+class TextTraits:
+    """The features that are functions of the asked text alone: a batch
+    works them out once per distinct text (``streams.classify.batch``)."""
+
+    text: str
+    language: str
+    has_code: bool
+    has_math: bool
+    reasoning: bool
+
+
+def text_traits(text: str) -> TextTraits:
+    return TextTraits(
+        text,
+        language=detect_language(text),
+        has_code=bool(_CODE.search(text)),
+        has_math=bool(_MATH.search(text)),
+        reasoning=bool(_REASONING.search(text)),
+    )
+
+
 def extract_features(
     request: InferenceRequest,
     routing: RoutingSettings,
     *,
     intent: str | None = None,
     history_turns: int = 0,
+    traits: TextTraits | None = None,
 ) -> RequestFeatures:
+    """``traits``: ``text_traits`` of the request's ``user_text()``, if
+    already known (worked out here otherwise)."""
     text = request.user_text()
-    whole = (
-        request.prompt
-        if request.prompt is not None
-        else "\n".join(m.content for m in request.chat())
-    )
-    earlier = max(0, len(request.chat()) - 1)
+    if traits is None or traits.text != text:
+        traits = text_traits(text)
+    messages = request.messages
+    if messages is None:  # a prompt: the whole request is the text
+        whole, earlier = text, 0
+    else:
+        whole, earlier = "\n".join(m.content for m in messages), max(0, len(messages) - 1)
     return RequestFeatures(
         tokens=estimate_tokens(whole),
         intent=intent,
-        language=detect_language(text),
-        has_code=bool(_CODE.search(whole)),
-        has_math=bool(_MATH.search(text)),
-        reasoning=bool(_REASONING.search(text)),
+        language=traits.language,
+        has_code=traits.has_code if whole == text else bool(_CODE.search(whole)),
+        has_math=traits.has_math,
+        reasoning=traits.reasoning,
         deadline_ms=request.deadline_ms,
         tier=routing.tenant_tiers.get(request.tenant or "", "standard"),
         depth=earlier + history_turns,

@@ -20,6 +20,7 @@ from streams.cache.response import CacheHit
 from streams.classify.features import (
     Complexity,
     RequestFeatures,
+    TextTraits,
     asks_realtime,
     complexity_of,
     estimate_tokens,
@@ -43,6 +44,8 @@ class Found:
     embedding: Any = None
     """The request's MiniLM embedding (``numpy`` row), when the lookups made
     one for the learned router; ``None`` otherwise."""
+    traits: TextTraits | None = None
+    """The asked text's ``text_traits``, if the lookups worked them out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,11 @@ def decide(
     ``lane``: the lane to choose a path for instead of the one the
     request's features give (a request spilled off a full lane)."""
     features = extract_features(
-        request, routing, intent=found.intent, history_turns=found.history_turns
+        request,
+        routing,
+        intent=found.intent,
+        history_turns=found.history_turns,
+        traits=found.traits,
     )
     complexity = complexity_of(features, routing)
     lane = lane or lane_for(request, features, complexity, routing)

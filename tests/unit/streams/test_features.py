@@ -2,7 +2,13 @@ import pytest
 
 from schemas.messages import InferenceRequest
 from schemas.settings import RoutingSettings
-from streams.classify.features import Complexity, complexity_of, detect_language, extract_features
+from streams.classify.features import (
+    Complexity,
+    complexity_of,
+    detect_language,
+    extract_features,
+    text_traits,
+)
 
 ROUTING = RoutingSettings()
 
@@ -39,6 +45,38 @@ def test_code_and_maths_are_seen() -> None:
     assert features("What is 12 * 7?").has_math
     assert not features("What is the capital of France?").has_math
     assert not features("Where is my order?").has_code
+
+
+def test_code_anywhere_in_the_conversation_counts() -> None:
+    turns = [
+        {"role": "user", "content": "def add(a, b): return a + b"},
+        {"role": "assistant", "content": "A function."},
+        {"role": "user", "content": "Is it right?"},
+    ]
+    assert features(messages=turns).has_code
+    assert not features(messages=turns[2:]).has_code
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "Explain why 3 * 4 = 12, step by step"},
+        {"prompt": "¿Dónde está mi pedido?", "tenant": "acme", "deadline_ms": 900},
+        {
+            "messages": [
+                {"role": "user", "content": "import os"},
+                {"role": "user", "content": "why?"},
+            ]
+        },
+    ],
+)
+def test_traits_worked_out_before_give_the_same_features(body: dict[str, object]) -> None:
+    request = InferenceRequest.model_validate({"id": "r", **body})
+    alone = extract_features(request, ROUTING, intent="x", history_turns=2)
+    known = text_traits(request.user_text())
+    assert extract_features(request, ROUTING, intent="x", history_turns=2, traits=known) == alone
+    other = text_traits("def f(): pass")  # another text's traits are not used
+    assert extract_features(request, ROUTING, intent="x", history_turns=2, traits=other) == alone
 
 
 def test_depth_counts_earlier_turns_and_history() -> None:

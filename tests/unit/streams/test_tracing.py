@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from streams.kafka.envelopes import Outbound
@@ -93,3 +95,5 @@ def test_traced_replaces_any_traceparent_and_keeps_other_headers() -> None:
     assert out[0].headers == (header,)
     assert out[1].headers == (("laneway-attempt", b"2"), header)
     assert [(r.topic, r.key, r.value) for r in out] == [("t", b"k", b"v")] * 2
+    # traced builds each Outbound field by field: a new field must be added there
+    assert [f.name for f in dataclasses.fields(Outbound)] == ["topic", "key", "value", "headers"]
