@@ -164,7 +164,3 @@ class WorkerBoard:
             except (RedisError, OSError) as exc:
                 self._failopen.failed("prune", exc)
         return cards
-
-    async def serving(self) -> dict[Lane, frozenset[Path]] | None:
-        cards = await self.live()
-        return None if cards is None else served_paths(cards)

@@ -16,8 +16,14 @@ from streams.classify.features import Complexity
 from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
 from streams.kafka.topics import create_topics
-from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
+from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard, served_paths
 from workers.lane_worker import LaneWorker
+
+
+async def serving_of(board: WorkerBoard) -> dict[Lane, frozenset[Path]] | None:
+    """What the classifier reads from the board (``read_workers``)."""
+    cards = await board.live()
+    return None if cards is None else served_paths(cards)
 
 
 async def test_cards_round_trip_and_stale_ones_are_forgotten(settings: Settings) -> None:
@@ -31,14 +37,14 @@ async def test_cards_round_trip_and_stale_ones_are_forgotten(settings: Settings)
         cards = await board.live()
         assert cards is not None and {c.worker_id for c in cards} == {"a", "b"}
         assert next(c for c in cards if c.worker_id == "b").paths == (light, heavy)
-        assert await board.serving() == {
+        assert await serving_of(board) == {
             Lane.REALTIME: frozenset({Path.LIGHT}),
             Lane.MEDIUM: frozenset({Path.LIGHT, Path.HEAVY}),
         }
         await board.withdraw("b")
         await asyncio.sleep(0.7)  # "a" stopped announcing: it died
         await board.announce(WorkerCard("c", Lane.BULK, (heavy,), 32))
-        assert await board.serving() == {Lane.BULK: frozenset({Path.HEAVY})}
+        assert await serving_of(board) == {Lane.BULK: frozenset({Path.HEAVY})}
         assert await client.hkeys(board.key) == [b"c"], "the dead worker's card is pruned"
     finally:
         await client.aclose()
@@ -66,7 +72,7 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
         running = asyncio.create_task(worker.run())
         serving = None
         for _ in range(50):
-            serving = await board.serving()
+            serving = await serving_of(board)
             if serving:
                 break
             await asyncio.sleep(0.1)
@@ -97,7 +103,7 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
 
         worker.stop()
         await asyncio.wait_for(running, timeout=10)
-        assert await board.serving() == {}, "a worker that stops withdraws its card"
+        assert await serving_of(board) == {}, "a worker that stops withdraws its card"
     finally:
         worker.stop()
         if running is not None:
