@@ -1,6 +1,9 @@
+import pytest
+
 from schemas.errors import DeadlineExceeded, RateLimited
 from schemas.messages import InferenceResult, Timings
 from streams.tools.bench import (
+    CLIENTS,
     SIMPLE_PROMPTS,
     Sample,
     format_steps,
@@ -10,6 +13,7 @@ from streams.tools.bench import (
     step_row,
     summarize,
 )
+from streams.tools.cli import _parser
 
 
 def test_mixed_workload_shape() -> None:
@@ -86,3 +90,14 @@ def test_overload_step_splits_realtime_model_time_into_queue_and_inference() -> 
     )
     assert (row.realtime_queue_p99_ms, row.realtime_inference_p99_ms) == (300.0, 900.0)
     assert format_steps([row]).splitlines()[-1].split()[-2:] == ["300", "900"]
+
+
+def test_the_command_line_offers_every_client(capsys: pytest.CaptureFixture[str]) -> None:
+    """``cli`` lists the choices itself (importing the bench would cost every
+    command ~0.4 s); they must stay the bench's."""
+    for kind in CLIENTS:
+        assert _parser().parse_args(["bench", "--client", kind]).client == kind
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["bench", "--client", "nope"])
+    offered = capsys.readouterr().err.rsplit("choose from ", 1)[1]
+    assert offered.strip().rstrip(")") == ", ".join(repr(kind) for kind in CLIENTS)
