@@ -220,6 +220,12 @@ class FlowSettings(BaseSettings):
     ``realtime_max_batches`` is kept for the requests that asked for
     realtime. ``None``: they spill only when the lane is full."""
     realtime_retry_after_ms: int = Field(default=1_000, ge=1)
+    realtime_steer: bool = True
+    """Write each realtime model request to a partition of the realtime
+    worker with the most room that serves its path, and judge the marks
+    above per worker, where the workers' heartbeat cards list the
+    partitions they hold (``streams.classify.gate``). ``False``: records go
+    where their key hashes and the marks judge the lane's sums."""
 
     @model_validator(mode="after")
     def _hysteresis(self) -> FlowSettings:

@@ -310,7 +310,16 @@ class LaneWorker:
             and (id(slot) in active or id(slot) in self._probed)
         )
         capacity = lane.max_batch_size * lane.max_inflight_batches
-        return WorkerCard(self._worker_id, self.lane, paths, capacity)
+        return WorkerCard(
+            self._worker_id, self.lane, paths, capacity, partitions=self._lane_partitions()
+        )
+
+    def _lane_partitions(self) -> tuple[int, ...]:
+        """The lane topic's partitions this worker holds now."""
+        if self._consumer is None:
+            return ()
+        held = self._consumer.assignment()
+        return tuple(sorted(tp.partition for tp in held if tp.topic == self.topic))
 
     async def _announce_until_stopped(self) -> None:
         """Announce the card every ``worker_heartbeat_s``; a backend that

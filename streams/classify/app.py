@@ -51,7 +51,8 @@ from schemas.settings import Settings
 from streams.classify.batch import BatchClassifier, BatchLookups, Pipeline, wave_keys
 from streams.classify.classifier import Classified, SourceRecord
 from streams.classify.drift import DriftMonitor
-from streams.classify.flow import FlowController, RealtimeGate
+from streams.classify.flow import FlowController
+from streams.classify.gate import RealtimeGate, realtime_workers
 from streams.classify.policy import Decision
 from streams.classify.registry import load_registry
 from streams.classify.router import RouteBoard, SmartRouter
@@ -75,7 +76,7 @@ from streams.ops import (
 from streams.rollout.board import RolloutBoard
 from streams.rollout.routers import RouterCatalog, ShadowTally, tally_key
 from streams.rules.rulefile import RuleSource
-from streams.stores.backlog import BacklogBoard, LatencyBoard
+from streams.stores.backlog import BacklogBoard, LatencyBoard, lane_loads
 from streams.stores.workerboard import WorkerBoard, lane_capacity, served_paths
 
 __all__ = ["build_app", "observe_outcomes", "source_record"]
@@ -270,17 +271,27 @@ def build_app(
     async def read_realtime_load() -> None:
         """The lane backlog board, for the gate: a worker reports as its
         batches start and end."""
-        loads = live["loads"] = await backlog_board.read_loads()
-        if loads is not None:  # None: Redis cannot say; the gate fails open once stale
-            realtime = loads[Lane.REALTIME]
-            gate.reported(realtime.waiting, realtime.drain_per_s, realtime.at_ms)
+        reports = await backlog_board.read_reports()
+        if reports is None:  # Redis cannot say; the gate fails open once stale
+            live["loads"] = None
+            return
+        loads = live["loads"] = lane_loads(reports)
+        realtime = loads[Lane.REALTIME]
+        gate.reported(realtime.waiting, realtime.drain_per_s, realtime.at_ms)
+        for report in reports:
+            load = report.load
+            if report.lane is Lane.REALTIME and load.at_ms is not None:
+                gate.worker_reported(report.worker_id, load.waiting, load.drain_per_s, load.at_ms)
 
     async def read_workers() -> None:
         """Which paths live workers serve on each lane (``None``: Redis
-        cannot say), and what the realtime ones run at once (the gate's mark)."""
+        cannot say), and what the realtime ones run at once and on which
+        partitions (the gate's marks, and where it steers)."""
         cards = await workers.live()
         live["serving"] = None if cards is None else served_paths(cards)
         gate.serving(None if cards is None else lane_capacity(cards).get(Lane.REALTIME))
+        if settings.flow.realtime_steer:
+            gate.workers(None if cards is None else realtime_workers(cards))
 
     @app.timer(settings.flow.gate_interval_s)
     async def watch_realtime() -> None:

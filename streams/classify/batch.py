@@ -37,7 +37,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from schemas.errors import BackendUnavailable
@@ -56,7 +56,8 @@ from streams.classify.classifier import (
 )
 from streams.classify.drift import DriftMonitor
 from streams.classify.features import RequestFeatures, TextTraits, text_traits
-from streams.classify.flow import LaneFull, RealtimeGate
+from streams.classify.flow import LaneFull
+from streams.classify.gate import RealtimeGate
 from streams.classify.policy import Found
 from streams.classify.router import PathStats, SmartRouter
 from streams.kafka.envelopes import dlq_for
@@ -619,7 +620,10 @@ class BatchClassifier:
         )
         decision = classified.decision
         if self._gate is not None and _to_realtime_model(classified):
-            self._gate.sent()
+            assert decision is not None
+            partition = self._gate.sent(path=decision.path)
+            if partition is not None:  # the worker with room: records[0] is the lane's
+                classified.records[0] = replace(classified.records[0], partition=partition)
         if self.tally is not None and decision is not None:
             taken = decision.requested_path or decision.path
             for version, path in classified.router_shadows:

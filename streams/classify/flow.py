@@ -24,8 +24,9 @@ deadline) goes to medium instead: it was promised no realtime latency.
 It goes there sooner, once the lane holds ``realtime_spill_batches`` times
 what its workers run at once, so that the room left above that mark is
 kept for the requests that asked for realtime.
-``RealtimeGate`` keeps that count between the workers' reports: what this
-classifier sent the lane since is added.
+``streams.classify.gate.RealtimeGate`` keeps that count between the
+workers' reports (what this classifier sent the lane since is added), and
+judges each realtime worker by its own queue where it can.
 
 Hysteresis: a level is entered when pressure reaches its ``enter`` mark and
 left only when pressure has stayed below its lower ``exit`` mark for
@@ -34,9 +35,7 @@ left only when pressure has stayed below its lower ``exit`` mark for
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from schemas.messages import Lane, Path
@@ -48,16 +47,11 @@ from streams.stores.backlog import LaneLoad
 __all__ = [
     "FlowController",
     "LaneFull",
-    "RealtimeGate",
     "Shed",
     "apply_level",
     "realtime_full",
     "spills",
 ]
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class FlowController:
@@ -142,65 +136,6 @@ def realtime_full(
         if waiting >= flow.realtime_spill_batches * capacity:
             return LaneFull(Lane.REALTIME, waiting, flow.realtime_retry_after_ms, asked_too=False)
     return None
-
-
-class RealtimeGate:
-    """Whether the realtime lane takes another model request. The workers'
-    last report says how many records waited and how fast they drain; a
-    worker reports once a ``flow.interval_s``, so between reports the gate
-    carries the count forward as a queue would: plus
-    the model requests this classifier has sent the lane since the report
-    was written, less what the workers drained at their rate meanwhile.
-    Without a report younger than ``stale_ms`` (none yet, flow control off,
-    Redis unreachable) it says nothing is full: it fails open."""
-
-    def __init__(
-        self, flow: FlowSettings, clock_ms: Callable[[], int] = _now_ms, stale_ms: int = 30_000
-    ) -> None:
-        self._flow = flow
-        self._clock_ms = clock_ms
-        self._stale_ms = stale_ms
-        self._waiting = 0
-        self._drain_per_s: float | None = None
-        self._at_ms: int | None = None
-        self._capacity: int | None = None
-        """What the lane's live workers run at once (``None``: not known)."""
-        self._sent: deque[tuple[int, int]] = deque()
-        """(epoch ms, how many) of the sends the last report may not count."""
-
-    def reported(self, waiting: int, drain_per_s: float | None, at_ms: int | None) -> None:
-        """The workers' latest report, written at ``at_ms`` (``None``: now):
-        it counts what was sent before then."""
-        self._waiting, self._drain_per_s = waiting, drain_per_s
-        self._at_ms = self._clock_ms() if at_ms is None else at_ms
-        while self._sent and self._sent[0][0] <= self._at_ms:
-            self._sent.popleft()
-
-    def serving(self, capacity: int | None) -> None:
-        """What the lane's live workers run at once, from their heartbeat
-        cards (``None``: the board cannot say)."""
-        self._capacity = capacity
-
-    def sent(self, n: int = 1) -> None:
-        """``n`` more model requests routed to the realtime lane now."""
-        if n:
-            now = self._clock_ms()
-            self._sent.append((now, n))
-            while self._sent[0][0] < now - self._stale_ms:  # no report came: forget
-                self._sent.popleft()
-
-    def full(self) -> LaneFull | None:
-        """The lane, when it takes no more model requests now."""
-        if self._at_ms is None or self._clock_ms() - self._at_ms > self._stale_ms:
-            return None
-        return realtime_full(self.waiting(), self._flow, self._drain_per_s, self._capacity)
-
-    def waiting(self) -> int:
-        """The records the lane has waiting now, as far as the gate can tell."""
-        sent = sum(n for _, n in self._sent)
-        elapsed_s = max(0, self._clock_ms() - (self._at_ms or 0)) / 1000
-        drained = (self._drain_per_s or 0.0) * elapsed_s
-        return max(0, round(self._waiting + sent - drained))
 
 
 def spills(decision: Decision, full: LaneFull | None) -> Lane | None:

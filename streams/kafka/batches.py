@@ -108,7 +108,9 @@ class BatchSend:
                     layout = topics.get(record.topic)
                     if layout is None:
                         layout = topics[record.topic] = await self._layout(producer, record.topic)
-                    partition = partition_of(record.key, *layout, hashes)
+                    partition = record.partition
+                    if partition is None or partition not in layout[0]:
+                        partition = partition_of(record.key, *layout, hashes)
                 except Exception as exc:
                     future.set_exception(exc)
                     continue

@@ -67,6 +67,10 @@ class Outbound:
     key: bytes | None
     value: bytes
     headers: tuple[tuple[str, bytes], ...] = field(default=())
+    partition: int | None = None
+    """The partition to write to; ``None``: the key's, as the producer's
+    default partitioner picks it (the classifier steers realtime requests
+    to a worker with room: ``streams.classify.flow.RealtimeGate``)."""
 
 
 def terminal_records(

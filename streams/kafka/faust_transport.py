@@ -115,6 +115,7 @@ def raw_sender(app: faust.App) -> Callable[[Outbound], Awaitable[Any]]:
             key=record.key,
             value=record.value,
             headers=list(record.headers),
+            partition=record.partition,
             key_serializer="raw",
             value_serializer="raw",
         )

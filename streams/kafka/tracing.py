@@ -151,6 +151,7 @@ def traced(records: Sequence[Outbound], header: tuple[str, bytes]) -> list[Outbo
             (*(h for h in r.headers if h[0].lower() != TRACEPARENT), header)
             if r.headers
             else (header,),
+            r.partition,
         )
         for r in records
     ]

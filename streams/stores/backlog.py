@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -18,7 +19,7 @@ from redis.exceptions import RedisError
 from schemas.messages import Lane
 from streams.ops import REDIS_ERRORS
 
-__all__ = ["BacklogBoard", "DrainRate", "LaneLoad", "LatencyBoard"]
+__all__ = ["BacklogBoard", "DrainRate", "LaneLoad", "LatencyBoard", "WorkerLoad", "lane_loads"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,11 @@ class BacklogBoard:
     async def read_loads(self) -> dict[Lane, LaneLoad] | None:
         """Per lane, records waiting and drained a busy second (``None``:
         Redis cannot say)."""
+        reports = await self.read_reports()
+        return None if reports is None else lane_loads(reports)
+
+    async def read_reports(self) -> list[WorkerLoad] | None:
+        """Each live worker's own report (``None``: Redis cannot say)."""
         try:
             entries = await self._redis.hgetall(self._key)
         except (RedisError, OSError) as exc:
@@ -115,21 +121,42 @@ class BacklogBoard:
             log.debug("backlog read failed: %s", exc)
             return None
         now_ms = int(time.time() * 1000)
-        waiting = dict.fromkeys(Lane, 0)
-        drain: dict[Lane, float] = {}
-        oldest: dict[Lane, int] = {}
+        out = []
         for field, value in entries.items():
-            lane_name = _text(field).split(":", 1)[0]
+            lane_name, _, worker_id = _text(field).partition(":")
             parts = _text(value).split(":")
             at_ms = int(parts[1])
             if now_ms - at_ms > self._stale_ms or lane_name not in Lane.__members__.values():
                 continue
-            lane = Lane(lane_name)
-            waiting[lane] += int(parts[0])
-            oldest[lane] = min(oldest.get(lane, at_ms), at_ms)
-            if len(parts) > 2:
-                drain[lane] = drain.get(lane, 0.0) + float(parts[2])
-        return {lane: LaneLoad(waiting[lane], drain.get(lane), oldest.get(lane)) for lane in Lane}
+            drain = float(parts[2]) if len(parts) > 2 else None
+            out.append(
+                WorkerLoad(Lane(lane_name), worker_id, LaneLoad(int(parts[0]), drain, at_ms))
+            )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """One worker's report: its lane and what waits on its partitions."""
+
+    lane: Lane
+    worker_id: str
+    load: LaneLoad
+
+
+def lane_loads(reports: Sequence[WorkerLoad]) -> dict[Lane, LaneLoad]:
+    """The reports summed per lane (``at_ms``: the oldest summed)."""
+    waiting = dict.fromkeys(Lane, 0)
+    drain: dict[Lane, float] = {}
+    oldest: dict[Lane, int] = {}
+    for report in reports:
+        lane, load = report.lane, report.load
+        waiting[lane] += load.waiting
+        if load.at_ms is not None:
+            oldest[lane] = min(oldest.get(lane, load.at_ms), load.at_ms)
+        if load.drain_per_s is not None:
+            drain[lane] = drain.get(lane, 0.0) + load.drain_per_s
+    return {lane: LaneLoad(waiting[lane], drain.get(lane), oldest.get(lane)) for lane in Lane}
 
 
 class LatencyBoard:

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -67,6 +67,10 @@ class WorkerCard:
     capacity: int
     """Requests the worker runs at once (batch size times batches in flight)."""
     at_ms: int = 0
+    partitions: tuple[int, ...] | None = None
+    """The lane topic's partitions the worker holds now (``None``: not
+    said, on cards of older workers); the classifier steers realtime
+    requests to a worker with room by them."""
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -79,8 +83,14 @@ class WorkerCard:
             PathCard(Path(p["path"]), p["backend"], p["model"], p["device"], p.get("version"))
             for p in data["paths"]
         )
+        partitions = data.get("partitions")
         return cls(
-            data["worker_id"], Lane(data["lane"]), paths, int(data["capacity"]), data["at_ms"]
+            data["worker_id"],
+            Lane(data["lane"]),
+            paths,
+            int(data["capacity"]),
+            data["at_ms"],
+            None if partitions is None else tuple(int(p) for p in partitions),
         )
 
 
@@ -120,9 +130,7 @@ class WorkerBoard:
         self._failopen = FailOpen("worker board", log=log, label="workers")
 
     async def announce(self, card: WorkerCard) -> None:
-        stamped = WorkerCard(
-            card.worker_id, card.lane, card.paths, card.capacity, int(time.time() * 1000)
-        )
+        stamped = replace(card, at_ms=int(time.time() * 1000))
         try:
             await self._redis.hset(self.key, card.worker_id, stamped.to_json())
         except (RedisError, OSError) as exc:

@@ -11,7 +11,9 @@ from aiokafka import AIOKafkaProducer
 
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path
 from schemas.settings import Settings
+from streams.kafka.batches import BatchSend, partition_of
 from streams.kafka.envelopes import Outbound, deliver
+from streams.kafka.topics import create_topics
 
 from .conftest import read_topic, routed_now
 
@@ -55,3 +57,37 @@ async def test_a_lane_record_too_large_for_the_broker_reaches_the_dlq_and_its_cl
     assert headers["laneway-error-code"] == b"INF-400"
     assert headers["laneway-source-topic"] == lane.encode()
     assert dlq.value == b"" and b"MessageSizeTooLarge" in headers["laneway-dlq-value-dropped"]
+
+
+async def test_a_record_steered_to_a_partition_is_written_there(settings: Settings) -> None:
+    """The classifier names the partition of a realtime request (the worker
+    with room); one the topic lacks falls back to the key's, as without."""
+    tag = f"steer-{uuid.uuid4().hex[:8]}"
+    own = settings.model_copy(  # topics of its own: no worker of the stack reads them
+        update={"kafka": settings.kafka.model_copy(update={"topic_prefix": tag})}
+    )
+    await create_topics(own)
+    lane = own.lane_topic(Lane.REALTIME)
+    steered = [Outbound(lane, f"{tag}-{i}".encode(), b"v", partition=2) for i in range(6)]
+    astray = Outbound(lane, f"{tag}-x".encode(), b"v", partition=99)
+    plain = Outbound(lane, f"{tag}-y".encode(), b"v")
+    producer = AIOKafkaProducer(**own.kafka.client_options())
+    await producer.start()
+    try:
+
+        async def started() -> AIOKafkaProducer:
+            return producer
+
+        await asyncio.wait_for(deliver([*steered, astray, plain], BatchSend(started), own), 30)
+    finally:
+        await producer.stop()
+
+    written = {
+        r.key: r.partition
+        for r in await read_topic(own, lane)
+        if r.key is not None and r.key.startswith(tag.encode())
+    }
+    assert [written[r.key] for r in steered if r.key] == [2] * 6
+    everything = list(range(own.kafka.partitions))
+    for record in (astray, plain):
+        assert written[record.key] == partition_of(record.key, everything, everything, {})

@@ -176,9 +176,17 @@ async def test_drain_rates_add_up_per_lane_beside_older_reports(settings: Settin
         await board.report(Lane.REALTIME, "a", 3, 2.5)
         await board.report(Lane.REALTIME, "b", 1, 1.5)
         loads = await board.read_loads()
+        reports = await board.read_reports()
         assert await board.read() == {Lane.REALTIME: 6, Lane.MEDIUM: 0, Lane.BULK: 0}
     finally:
         await redis.aclose()
+    assert reports is not None  # each worker's own, for the gate to judge it alone
+    mine = {r.worker_id: (r.lane, r.load.waiting, r.load.drain_per_s) for r in reports}
+    assert mine == {
+        "older": (Lane.REALTIME, 2, None),
+        "a": (Lane.REALTIME, 3, 2.5),
+        "b": (Lane.REALTIME, 1, 1.5),
+    }
     assert loads is not None
     realtime = loads[Lane.REALTIME]
     assert (realtime.waiting, realtime.drain_per_s) == (6, 4.0) and realtime.wait_ms == 1500

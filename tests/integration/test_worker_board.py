@@ -83,6 +83,8 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
             PathCard(Path.LIGHT, "rules", own.backend.light_model, "cpu", "q4_1"),
         )
         assert card.capacity == own.realtime.max_batch_size * own.realtime.max_inflight_batches
+        # The only member of its group: every partition of the lane is its own.
+        assert card.partitions == tuple(range(own.kafka.partitions))
 
         # What the classifier does with it: a complex realtime request, which
         # only heavy is capable of, goes down the path the lane serves.

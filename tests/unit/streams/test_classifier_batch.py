@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.messages import InferenceRequest, InferenceResult
+from schemas.messages import InferenceRequest, InferenceResult, Path
 from schemas.settings import FlowSettings, RedisSettings, RoutingSettings, Settings
 from streams.cache.response import CacheHit, Probe
 from streams.classify.batch import BatchClassifier, BatchLookups, Plan, semantic_wanted, waves
 from streams.classify.classifier import Admitted, SourceRecord
-from streams.classify.flow import RealtimeGate
+from streams.classify.gate import RealtimeGate, RealtimeWorker
 from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
 from streams.rules.engine import DEFAULT_RULES, Rule, RuleAnswer, RuleBook, Template
@@ -213,6 +213,37 @@ async def test_a_burst_in_one_wave_fills_the_realtime_lane_one_request_at_a_time
     assert lanes == ["realtime", "realtime", *["medium"] * 4, "realtime"]
     assert [c.decision.spilled_from for _, c in wave[2:6] if c.decision] == ["realtime"] * 4
     assert gate.waiting() == 3
+
+
+async def test_realtime_model_requests_are_written_to_the_partitions_of_the_worker_with_room() -> (
+    None
+):
+    """Worker "busy" (partition 0) has a full round waiting, "idle" (1 and 2)
+    nothing: the lane's requests go to idle's partitions, in turn; what
+    goes to medium, or is answered here, goes where its key hashes."""
+    gate = RealtimeGate(FlowSettings(), clock_ms=lambda: NOW)
+    gate.serving(4)
+    light = frozenset({Path.LIGHT})
+    gate.workers({"busy": RealtimeWorker(2, (0,), light), "idle": RealtimeWorker(2, (1, 2), light)})
+    gate.reported(2, None, at_ms=NOW - 1)
+    gate.worker_reported("busy", 2, None, at_ms=NOW - 1)
+    gate.worker_reported("idle", 0, None, at_ms=NOW - 1)
+    classifier = _classifier(RuleBook(), gate=gate)
+    bodies = [
+        _body(f"p{i}", f"What is the capital of {c}?") for i, c in enumerate(["France", "Peru"])
+    ]
+    bodies.append(_body("hard", "Explain why the sky is blue, step by step."))
+    (wave,) = [
+        wave
+        async for wave in classifier.classify_waves([_record(i, b) for i, b in enumerate(bodies)])
+    ]
+
+    lanes = [(c.decision.lane.value, c.records[0].partition) for _, c in wave if c.decision]
+    assert lanes[:2] == [("realtime", 2), ("realtime", 1)] or lanes[:2] == [
+        ("realtime", 1),
+        ("realtime", 2),
+    ]
+    assert lanes[2] == ("medium", None)
 
 
 # -- the delivery pipeline ---------------------------------------------------------

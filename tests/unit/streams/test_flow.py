@@ -11,7 +11,6 @@ from streams.classify.features import Complexity
 from streams.classify.flow import (
     FlowController,
     LaneFull,
-    RealtimeGate,
     Shed,
     apply_level,
     realtime_full,
@@ -295,50 +294,6 @@ def test_realtime_keeps_its_last_round_for_the_requests_that_asked_for_it() -> N
     assert realtime_full(3, FlowSettings(realtime_spill_batches=None), capacity=2) is None
     with pytest.raises(ValueError, match="realtime_spill_batches"):
         FlowSettings(realtime_spill_batches=2.0, realtime_max_batches=1.0)
-
-
-def test_the_realtime_gate_judges_by_the_capacity_the_board_last_gave() -> None:
-    now = [10_000]
-    flow = FlowSettings(realtime_max_wait_ms=None, realtime_max_batches=1.0)
-    gate = RealtimeGate(flow, clock_ms=lambda: now[0])
-    gate.reported(2, 4.0, at_ms=10_000)
-    gate.sent(2)
-    assert gate.full() is None  # no card read yet: the count mark (16) alone
-    gate.serving(4)
-    assert gate.full() == LaneFull(Lane.REALTIME, 4, 1_000)
-    now[0] = 10_250  # a record drained meanwhile, at 4 a second
-    assert gate.full() is None
-    gate.serving(None)  # the board cannot say: back to the other marks
-    gate.sent(5)
-    assert gate.waiting() == 8 and gate.full() is None
-
-
-def test_the_realtime_gate_carries_the_count_between_reports() -> None:
-    now = [10_000]
-    gate = RealtimeGate(FlowSettings(realtime_max_wait_ms=2_000), clock_ms=lambda: now[0])
-    gate.reported(3, 2.0, at_ms=10_000)
-    assert gate.waiting() == 3 and gate.full() is None  # 1.5 s
-    gate.sent(2)  # routed there since: 2.5 s
-    assert gate.waiting() == 5 and gate.full() is not None
-    now[0] = 11_000  # a second at 2 a second
-    assert gate.waiting() == 3 and gate.full() is None
-    gate.reported(10, 2.0, at_ms=9_500)  # an older report: the sends after it still count
-    assert gate.waiting() == 10 + 2 - 3 and gate.full() is not None
-    gate.reported(0, 2.0, at_ms=11_000)  # written after the sends: it counts them
-    assert gate.waiting() == 0 and gate.full() is None
-    gate.reported(40, None, at_ms=11_000)  # no rate: nothing drains, the count mark judges
-    assert gate.waiting() == 40 and gate.full() is not None
-    now[0] = 41_001  # no report for 30 s (Redis down, flow control off): fail open
-    assert gate.full() is None
-
-
-def test_a_gate_that_never_had_a_report_says_nothing_is_full() -> None:
-    now = [0]
-    gate = RealtimeGate(FlowSettings(), clock_ms=lambda: now[0])
-    for _ in range(100):  # flow control off: sends, no reports
-        now[0] += 1_000
-        gate.sent(5)
-    assert gate.full() is None and gate.waiting() <= 5 * 31  # what is older is forgotten
 
 
 def test_a_drain_rate_counts_busy_time_once_and_skips_idle_time() -> None:

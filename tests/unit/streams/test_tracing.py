@@ -89,11 +89,18 @@ def test_traced_replaces_any_traceparent_and_keeps_other_headers() -> None:
     header = (TRACEPARENT, VALID.encode())
     records = [
         Outbound("t", b"k", b"v"),
-        Outbound("t", b"k", b"v", (("laneway-attempt", b"2"), ("traceparent", b"old"))),
+        Outbound("t", b"k", b"v", (("laneway-attempt", b"2"), ("traceparent", b"old")), 3),
     ]
     out = traced(records, header)
     assert out[0].headers == (header,)
     assert out[1].headers == (("laneway-attempt", b"2"), header)
     assert [(r.topic, r.key, r.value) for r in out] == [("t", b"k", b"v")] * 2
+    assert [r.partition for r in out] == [None, 3]
     # traced builds each Outbound field by field: a new field must be added there
-    assert [f.name for f in dataclasses.fields(Outbound)] == ["topic", "key", "value", "headers"]
+    assert [f.name for f in dataclasses.fields(Outbound)] == [
+        "topic",
+        "key",
+        "value",
+        "headers",
+        "partition",
+    ]
