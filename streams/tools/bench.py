@@ -387,10 +387,11 @@ async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow
 
 
 @contextlib.contextmanager
-def stack_for(settings: Settings, embedded: bool) -> Iterator[Settings]:
+def stack_for(settings: Settings, embedded: bool, realtime_workers: int = 1) -> Iterator[Settings]:
     """The settings to bench against: ``settings`` as they are, or an
     embedded stack's (its own broker; LANEWAY_REDIS_URL's Redis when set,
-    else its own Valkey), stopped afterwards."""
+    else its own Valkey) with ``realtime_workers`` realtime workers,
+    stopped afterwards."""
     if not embedded:
         yield settings
         return
@@ -400,6 +401,7 @@ def stack_for(settings: Settings, embedded: bool) -> Iterator[Settings]:
         settings,
         http_port_base=None,
         use_external_redis="url" in settings.redis.model_fields_set,
+        lanes=(Lane.REALTIME,) * realtime_workers + (Lane.MEDIUM, Lane.BULK),
     )
     stack.start()
     try:
@@ -409,7 +411,7 @@ def stack_for(settings: Settings, embedded: bool) -> Iterator[Settings]:
 
 
 def run_bench(settings: Settings, args: argparse.Namespace) -> int:
-    with stack_for(settings, args.embedded) as running:
+    with stack_for(settings, args.embedded, args.realtime_workers) as running:
         if args.overload:
             steps = asyncio.run(overload(running, args))
         else:
@@ -423,6 +425,11 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
             f"deadline {args.deadline_ms} ms ({running.routing.realtime_max_deadline_ms} ms "
             f"for one in ten, which asks for realtime), max_tokens {args.max_tokens}"
         )
+        if args.realtime_workers > 1:
+            print(
+                f"{args.realtime_workers} realtime workers over {running.kafka.partitions} "
+                f"partitions; steered to the worker with room: {running.flow.realtime_steer}"
+            )
         print(format_steps(steps))
         return 1 if any(s.lost for s in steps) else 0
     rows = summarize(samples, started)

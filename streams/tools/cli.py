@@ -102,6 +102,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="hybrid engine vs every request on the heavy path, two embedded stacks in one run",
     )
+    bench.add_argument(
+        "--realtime-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="--embedded: N realtime workers in one group (LANEWAY_KAFKA_PARTITIONS split them)",
+    )
     bench.add_argument("--window-s", type=float, default=15.0, help="--overload: seconds per step")
     bench.add_argument(
         "--deadline-ms", type=int, default=20_000, help="--overload: request deadline"

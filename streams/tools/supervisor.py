@@ -78,7 +78,8 @@ class Stack:
         workers_only: bool = False,
         log_path: Path | None = None,
     ) -> None:
-        """``workers_only``: the lane workers alone, no classifier, router or
+        """``lanes``: a worker for each (a lane named twice gets two, in
+        one consumer group). ``workers_only``: the lane workers alone, no classifier, router or
         batch tracker (a benchmark of the workers' share). ``log_path``: the
         children's output goes there, and ``out`` gets status lines only."""
         self.broker = EmbeddedBroker(
@@ -98,7 +99,7 @@ class Stack:
         self.children = [
             Child("classifier", ["classifier"], ports[0]),
             *(
-                Child(f"worker-{lane}", ["worker", "--lane", str(lane)], ports[i + 1])
+                Child(_worker_name(lanes, i), ["worker", "--lane", str(lane)], ports[i + 1])
                 for i, lane in enumerate(lanes)
             ),
             # The quality loop that keeps the router's statistics (DESIGN: 9404).
@@ -296,6 +297,12 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _worker_name(lanes: tuple[Lane, ...], i: int) -> str:
+    """``worker-<lane>``, and ``-2``, ``-3`` for a lane's second and third worker."""
+    nth = lanes[: i + 1].count(lanes[i])
+    return f"worker-{lanes[i]}" + (f"-{nth}" if nth > 1 else "")
 
 
 def _without_password(url: str) -> str:
