@@ -16,7 +16,7 @@ import statistics
 import time
 import timeit
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -282,6 +282,9 @@ class StepRow:
     """Of the realtime answers a model gave: p99 of the time they waited in
     the lane, and of their inference (the result's own timings)."""
     realtime_inference_p99_ms: float = 0.0
+    model_answers: tuple[int, int, int] = (0, 0, 0)
+    """Answers a model gave (not the cache or a rule), on realtime, medium
+    and bulk: where the lanes' capacity went."""
 
 
 async def overload_step(
@@ -320,6 +323,7 @@ def step_row(
     realtime = sorted(ms for r, ms in answered if r.lane == "realtime")
     served = sorted(ms for r, ms in answered if r.lane == "realtime" and code(r) != "INF-429")
     modelled = [r.timings for r, _ in answered if r.lane == "realtime" and r.timings.inference_ms]
+    by_model = Counter(r.lane for r, _ in answered if r.status == "ok" and _by_model(r))
     return StepRow(
         load=load,
         offered_rps=rate,
@@ -336,17 +340,23 @@ def step_row(
         realtime_expired=sum(code(r) == "INF-503" for r, _ in answered if r.lane == "realtime"),
         realtime_queue_p99_ms=_percentile(sorted(t.queue_ms for t in modelled), 0.99),
         realtime_inference_p99_ms=_percentile(sorted(t.inference_ms for t in modelled), 0.99),
+        model_answers=(by_model[Lane.REALTIME], by_model[Lane.MEDIUM], by_model[Lane.BULK]),
     )
+
+
+def _by_model(result: InferenceResult) -> bool:
+    return result.path is not None and result.path not in ("cache", "rules")
 
 
 def format_steps(rows: Sequence[StepRow]) -> str:
     """One line per step. ``429`` and ``503`` give the realtime lane's share
     after a slash; the realtime p99s: of every realtime result, of those
-    not refused, and of the model answers' wait in the lane and inference."""
+    not refused, and of the model answers' wait in the lane and inference;
+    then the model answers on realtime, medium and bulk."""
     head = (
         f"{'load':>5} {'req/s':>6} {'sent':>5} {'ok':>5} {'degr':>5} {'429/rt':>8} "
         f"{'503/rt':>7} {'err':>4} {'lost':>4}  realtime p99 ms: {'all':>7} {'served':>7} "
-        f"{'queue':>7} {'infer':>7}"
+        f"{'queue':>7} {'infer':>7}  {'model rt/md/bk':>14}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -355,7 +365,7 @@ def format_steps(rows: Sequence[StepRow]) -> str:
             f"{f'{r.limited}/{r.realtime_limited}':>8} {f'{r.expired}/{r.realtime_expired}':>7} "
             f"{r.other_errors:4d} {r.lost:4d} {'':17}{r.realtime_p99_ms:7.0f} "
             f"{r.realtime_served_p99_ms:7.0f} {r.realtime_queue_p99_ms:7.0f} "
-            f"{r.realtime_inference_p99_ms:7.0f}"
+            f"{r.realtime_inference_p99_ms:7.0f}  {'/'.join(map(str, r.model_answers)):>14}"
         )
     return "\n".join(lines)
 

@@ -64,6 +64,23 @@ def test_overload_step_counts_every_outcome() -> None:
     assert "2x" in format_steps([row])
 
 
+def test_overload_step_counts_the_model_answers_per_lane() -> None:
+    def answer(rid: str, lane: str, path: str) -> InferenceResult:
+        return InferenceResult(id=rid, status="ok", lane=lane, path=path)
+
+    answered = [
+        (answer("a", "realtime", "light"), 1.0),
+        (answer("b", "realtime", "rules"), 1.0),  # not a model's
+        (answer("c", "realtime", "cache"), 1.0),
+        (answer("d", "medium", "heavy"), 1.0),
+        (answer("e", "medium", "light"), 1.0),
+        (InferenceResult.failure("f", DeadlineExceeded("late"), lane="bulk"), 1.0),
+    ]
+    row = step_row(1.0, 1.0, answered, 0)
+    assert row.model_answers == (1, 2, 0)
+    assert format_steps([row]).splitlines()[-1].endswith(" 1/2/0")
+
+
 def test_overload_step_counts_realtime_refusals_apart_from_its_served_tail() -> None:
     """A refusal is fast by design: the served p99 leaves it out, and the
     realtime lane's share of 429s and 503s is counted on its own."""
@@ -89,7 +106,7 @@ def test_overload_step_splits_realtime_model_time_into_queue_and_inference() -> 
         1.0, 1.0, [(answered(300, 900), 1300.0), (answered(20, 400), 500.0), (rule, 5.0)], 0
     )
     assert (row.realtime_queue_p99_ms, row.realtime_inference_p99_ms) == (300.0, 900.0)
-    assert format_steps([row]).splitlines()[-1].split()[-2:] == ["300", "900"]
+    assert format_steps([row]).splitlines()[-1].split()[-3:-1] == ["300", "900"]
 
 
 def test_the_command_line_offers_every_client(capsys: pytest.CaptureFixture[str]) -> None:
