@@ -70,7 +70,7 @@ class Outbound:
     partition: int | None = None
     """The partition to write to; ``None``: the key's, as the producer's
     default partitioner picks it (the classifier steers realtime requests
-    to a worker with room: ``streams.classify.flow.RealtimeGate``)."""
+    to a worker with room: ``streams.classify.gate.RealtimeGate``)."""
 
 
 def terminal_records(
