@@ -1,5 +1,6 @@
 """The response cache's pure text and key functions: normalisation, scope,
-the exact-match key, cache control, the entity guard and the store policy.
+the exact-match key, cache control, the entity and word-order guards and the
+store policy.
 
 No Redis, no asyncio, no numpy: everything here is a function of the request
 (and result) alone. ``streams.cache.response`` re-exports the public names.
@@ -23,8 +24,10 @@ __all__ = [
     "entities",
     "key_of",
     "normalise_prompt",
+    "reordered",
     "request_entities",
     "store_refusal",
+    "word_order",
 ]
 
 _TRAILING = " \t\r\n.?!,;:\u2026\u3002\u3001"
@@ -164,6 +167,61 @@ def request_entities(request: InferenceRequest) -> frozenset[str]:
     for message in request.chat():
         found |= entities(message.content)
     return found
+
+
+_WORD = re.compile(r"\w+(?:'\w+)*")
+_UNORDERED = frozenset(
+    """a an the is are was were be been am do does did can could would should will
+    shall may might must i i'm me my mine you your yours we us our it its this that
+    these those there here what what's whats how how's why when where who whom which
+    please tell explain show give me let's just""".split()
+)
+"""Words whose place in a question is free ("how do I ...?" / "..., how?"):
+the word-order guard does not compare them."""
+
+
+def word_order(text: str) -> tuple[str, ...]:
+    """The words of a normalised text (``normalise_prompt``) whose order the
+    word-order guard compares, in the order they come: every word outside
+    ``_UNORDERED``, a repeated one marked by its count ("to", then "to#2")."""
+    seen: dict[str, int] = {}
+    out = []
+    for word in _WORD.findall(text):
+        if word in _UNORDERED:
+            continue
+        n = seen[word] = seen.get(word, 0) + 1
+        out.append(word if n == 1 else f"{word}#{n}")
+    return tuple(out)
+
+
+def reordered(query: tuple[str, ...], entry: tuple[str, ...]) -> bool:
+    """Whether two words the texts share (``word_order`` of each) trade
+    places around a third that stays between them: "convert celsius to
+    fahrenheit" against "convert fahrenheit to celsius", "flights from paris
+    to london" against "flights to paris from london", "is 3 bigger than 5"
+    against "is 5 bigger than 3". An embedding scores such a pair as one
+    question (0.99 with MiniLM for the first) and the entity guard cannot
+    tell them apart (the same names), so a semantic hit is refused on it.
+    Words that only move ("I forgot my password, how do I reset it?" against
+    "how do I reset my password") are a paraphrase and pass. Like the entity
+    guard it errs towards refusing: a refused paraphrase costs a model call,
+    a swapped direction a wrong answer.
+
+    In the entry's positions of the shared words, taken in the query's
+    order, that is a run of three that falls (not necessarily adjacent)."""
+    at = {word: i for i, word in enumerate(entry)}
+    places = [at[word] for word in query if word in at]
+    if len(places) < 3:
+        return False
+    lowest_after = places[:]
+    for i in range(len(places) - 2, -1, -1):
+        lowest_after[i] = min(places[i], lowest_after[i + 1])
+    highest_before = places[0]
+    for i in range(1, len(places) - 1):
+        if highest_before > places[i] > lowest_after[i + 1]:
+            return True
+        highest_before = max(highest_before, places[i])
+    return False
 
 
 def store_refusal(request: InferenceRequest, result: InferenceResult) -> str | None:

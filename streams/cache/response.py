@@ -10,7 +10,9 @@ Two ways to hit, tried in order:
   similarity reaches ``threshold``. The in-memory index is partitioned by
   scope *and* entity set (``entities``), so "Where is order 123?" is never
   answered with the reply to "Where is order 456?", however close their
-  embeddings are: a wrong answer costs more than a model call.
+  embeddings are, and never answers a prompt with one whose words stand in
+  another order (``reordered``: "celsius to fahrenheit" / "fahrenheit to
+  celsius"): a wrong answer costs more than a model call.
 
 Only deterministic (temperature 0), successful, non-degraded answers of a
 model path (light/heavy) are stored; never errors, rule answers or cache
@@ -61,8 +63,10 @@ from streams.cache.keys import (
     entities,
     key_of,
     normalise_prompt,
+    reordered,
     request_entities,
     store_refusal,
+    word_order,
 )
 from streams.cache.semantic_index import SemanticIndex
 from streams.stores.failopen import FailOpen
@@ -83,8 +87,10 @@ __all__ = [
     "cache_scope",
     "entities",
     "normalise_prompt",
+    "reordered",
     "request_entities",
     "store_refusal",
+    "word_order",
 ]
 
 log = logging.getLogger(__name__)
@@ -122,6 +128,7 @@ class Probe:
     """The normalised text."""
     request: InferenceRequest
     _ents: frozenset[str] | None = None
+    _words: tuple[str, ...] | None = None
 
     @property
     def ents(self) -> frozenset[str]:
@@ -130,6 +137,13 @@ class Probe:
         if self._ents is None:
             self._ents = request_entities(self.request)
         return self._ents
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        """The text's ``word_order``, found when first asked (as ``ents``)."""
+        if self._words is None:
+            self._words = word_order(self.text)
+        return self._words
 
 
 _HIT_FIELDS = ["output", "model", "path"]
@@ -324,7 +338,7 @@ class ResponseCache:
         vector = await self._embed_quietly(text)  # a broken model must not look like Redis down
         if vector is None:
             return None
-        candidates = self._index.nearest(vector, scope, ents)
+        candidates = self._index.nearest(vector, scope, ents, words=probe.words)
         if candidates:
             SIMILARITY.observe(candidates[0][1])
         for candidate, similarity in candidates:
@@ -441,7 +455,9 @@ class ResponseCache:
         queued: list[tuple[int, str, float]] = []
         for i in wanted:
             probe = probes[i]
-            candidates = index.nearest(by_text[probe.text], probe.scope, probe.ents)
+            candidates = index.nearest(
+                by_text[probe.text], probe.scope, probe.ents, words=probe.words
+            )
             if candidates:
                 SIMILARITY.observe(candidates[0][1])
             for key, similarity in candidates:
@@ -563,7 +579,7 @@ class ResponseCache:
             ],
         )
         if vector is not None and self._index is not None:
-            self._index.add(key, scope, ents, vector, int(now_ms))
+            self._index.add(key, scope, ents, vector, int(now_ms), word_order(text))
             INDEX_SIZE.set(len(self._index))
 
     async def _embed_quietly(self, text: str) -> np.ndarray | None:
@@ -674,9 +690,9 @@ class ResponseCache:
                     client=pipe,
                 )
             await pipe.execute()
-        for i, (key, ts_ms, scope_s, ents, vector, _) in enumerate(ready):
+        for i, (key, ts_ms, scope_s, ents, vector, text_s) in enumerate(ready):
             row = vector if vector is not None else vectors[i]
-            index.add(key, scope_s, ents, row, ts_ms)
+            index.add(key, scope_s, ents, row, ts_ms, word_order(text_s))
         return len(ready)
 
     async def close(self) -> None:

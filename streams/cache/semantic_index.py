@@ -1,8 +1,10 @@
 """The response cache's in-memory semantic index (pure: no Redis, no asyncio).
 
 Entries are partitioned by scope *and* entity set, so a lookup only ever
-compares against prompts that could share an answer. ``streams.cache.response``
-re-exports ``SemanticIndex``.
+compares against prompts that could share an answer, and each keeps its
+words' order (``keys.word_order``), so a prompt with the same words in
+another order ("celsius to fahrenheit" / "fahrenheit to celsius") is never
+its nearest. ``streams.cache.response`` re-exports ``SemanticIndex``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+
+from streams.cache.keys import reordered
 
 __all__ = ["SemanticIndex"]
 
@@ -51,6 +55,7 @@ class _Bucket:
 class _Slot:
     bucket: tuple[str, frozenset[str]]
     ts_ms: int
+    words: tuple[str, ...]
 
 
 class SemanticIndex:
@@ -71,9 +76,16 @@ class SemanticIndex:
         return key in self._slots
 
     def add(
-        self, key: str, scope: str, ents: frozenset[str], vector: np.ndarray, ts_ms: int
+        self,
+        key: str,
+        scope: str,
+        ents: frozenset[str],
+        vector: np.ndarray,
+        ts_ms: int,
+        words: tuple[str, ...] = (),
     ) -> None:
-        """Insert or refresh ``key``; ``vector`` must be L2-normalised."""
+        """Insert or refresh ``key``; ``vector`` must be L2-normalised;
+        ``words``: its prompt's ``keys.word_order``."""
         vector = np.asarray(vector, dtype=np.float32).reshape(-1)
         if vector.shape != (self.dim,):
             raise ValueError(f"vector of shape {vector.shape}, index dim {self.dim}")
@@ -87,7 +99,7 @@ class SemanticIndex:
         if bucket is None:
             bucket = self._buckets[bucket_id] = _Bucket(self.dim)
         bucket.put(key, vector)
-        self._slots[key] = _Slot(bucket_id, ts_ms)
+        self._slots[key] = _Slot(bucket_id, ts_ms, words)
         while len(self._slots) > self.max_entries:
             oldest, slot = self._slots.popitem(last=False)
             self._drop_from_bucket(oldest, slot.bucket)
@@ -96,7 +108,7 @@ class SemanticIndex:
         """``key`` was stored again at ``ts_ms``: it is young again."""
         slot = self._slots.get(key)
         if slot is not None and ts_ms > slot.ts_ms:
-            self._slots[key] = _Slot(slot.bucket, ts_ms)
+            self._slots[key] = _Slot(slot.bucket, ts_ms, slot.words)
             self._slots.move_to_end(key)
 
     def remove(self, key: str) -> None:
@@ -121,18 +133,27 @@ class SemanticIndex:
         scope: str,
         ents: frozenset[str],
         *,
+        words: tuple[str, ...] = (),
         threshold: float = -1.0,
         limit: int = 3,
     ) -> list[tuple[str, float]]:
         """Up to ``limit`` ``(key, similarity)`` pairs at or above ``threshold``,
-        most similar first, from the entries of this scope and entity set."""
+        most similar first, from the entries of this scope and entity set
+        whose words do not stand in another order than ``words`` (the
+        query's ``keys.word_order``)."""
         bucket = self._buckets.get((scope, ents))
         if bucket is None or not bucket.keys:
             return []
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         scores = bucket.matrix[: len(bucket.keys)] @ query
-        top = np.argsort(-scores, kind="stable")[:limit]
-        return [(bucket.keys[i], float(scores[i])) for i in top if scores[i] >= threshold]
+        found: list[tuple[str, float]] = []
+        for i in np.argsort(-scores, kind="stable"):
+            if scores[i] < threshold or len(found) == limit:
+                break
+            key = bucket.keys[i]
+            if not reordered(words, self._slots[key].words):
+                found.append((key, float(scores[i])))
+        return found
 
     def _drop_from_bucket(self, key: str, bucket_id: tuple[str, frozenset[str]]) -> None:
         bucket = self._buckets[bucket_id]

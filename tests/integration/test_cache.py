@@ -145,6 +145,33 @@ async def test_different_order_numbers_never_share_an_answer(
     assert hit is not None and hit.output == "Order 12345 is packed."
 
 
+async def test_a_swapped_direction_never_shares_an_answer(
+    make_cache: Any, minilm: MiniLMEmbedder
+) -> None:
+    """In lower case no entity tells the two apart, and their embeddings are
+    0.99 alike; the word-order guard refuses the hit, in the instance that
+    stored the entry and in one that read it from Redis, one by one and in a
+    batch."""
+    cache = make_cache(minilm)
+    question = req("how do i convert celsius to fahrenheit?")
+    assert await cache.store(question, answer(question, "Multiply by 9/5, then add 32."))
+    other = make_cache(minilm)
+    assert await other.sync() == 1
+    for instance in (cache, other):
+        swapped, paraphrase = (
+            req("how do i convert fahrenheit to celsius?"),
+            req("how can i convert celsius to fahrenheit"),
+        )
+        assert await instance.lookup(swapped) is None
+        hit = await instance.lookup(paraphrase)
+        assert hit is not None and hit.kind == "semantic"
+        # The batch classifier's path: one embedding call for both.
+        missed, found = await instance.semantic_many(
+            [instance.probe(swapped), instance.probe(paraphrase)]
+        )
+        assert missed is None and found is not None and found.key == hit.key
+
+
 async def test_unsafe_answers_are_never_stored(
     make_cache: Any, redis_client: aioredis.Redis, prefix: str
 ) -> None:

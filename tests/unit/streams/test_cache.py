@@ -1,5 +1,6 @@
 """The response cache's pure parts: normalisation, keys, cache control, the
-entity guard, and the semantic index with the real all-MiniLM-L6-v2 model."""
+entity and word-order guards, and the semantic index with the real
+all-MiniLM-L6-v2 model."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from streams.cache.response import (
     cache_scope,
     entities,
     normalise_prompt,
+    reordered,
     request_entities,
     store_refusal,
+    word_order,
 )
 
 SETTINGS = CacheSettings()
@@ -186,6 +189,49 @@ def test_different_specifics_different_entity_sets() -> None:
     assert entities("Where is order 123?") == entities("where's my order 123")
 
 
+@pytest.mark.parametrize(
+    ("asked", "stored"),
+    [
+        ("how do i convert celsius to fahrenheit", "how do i convert fahrenheit to celsius"),
+        ("please convert fahrenheit to celsius", "convert celsius to fahrenheit"),
+        ("flights from paris to london", "flights to paris from london"),
+        ("is 3 bigger than 5", "is 5 bigger than 3"),
+        ("is a cat bigger than a dog", "is a dog bigger than a cat"),
+    ],
+)
+def test_words_that_trade_places_around_another_are_another_question(
+    asked: str, stored: str
+) -> None:
+    assert reordered(word_order(asked), word_order(stored))
+    assert reordered(word_order(stored), word_order(asked))
+
+
+@pytest.mark.parametrize(
+    ("asked", "stored"),
+    [
+        ("how can i reset my password", "how do i reset my password"),
+        ("i forgot my password, how do i reset it", "how do i reset my password"),
+        ("to learn python, what is the best way", "what is the best way to learn python"),
+        ("what's the capital city of france", "what is the capital of france"),
+        ("translate hello into spanish", "translate hello into french"),
+        ("where is my order", "where is my order"),
+    ],
+)
+def test_paraphrases_that_move_words_pass_the_word_order_guard(asked: str, stored: str) -> None:
+    assert not reordered(word_order(asked), word_order(stored))
+
+
+def test_word_order_counts_repeats_and_skips_question_words() -> None:
+    assert word_order("how to convert celsius to fahrenheit") == (
+        "to",
+        "convert",
+        "celsius",
+        "to#2",
+        "fahrenheit",
+    )
+    assert word_order("what is it") == ()
+
+
 def test_request_entities_cover_every_message() -> None:
     chat = req(
         messages=[
@@ -231,14 +277,16 @@ def test_paraphrases_are_close_and_unrelated_questions_far(embedder: MiniLMEmbed
 
 def fill(index: SemanticIndex, embedder: Embedder, prompts: list[str], scope: str) -> None:
     for ts, (prompt, vector) in enumerate(zip(prompts, embedder.embed(prompts), strict=True)):
-        index.add(prompt, scope, entities(prompt), vector, ts)
+        words = word_order(normalise_prompt(req(prompt)))
+        index.add(prompt, scope, entities(prompt), vector, ts, words)
 
 
 def query(
     index: SemanticIndex, embedder: Embedder, prompt: str, scope: str, threshold: float
 ) -> list[tuple[str, float]]:
     vector = embedder.embed([prompt])[0]
-    return index.nearest(vector, scope, entities(prompt), threshold=threshold)
+    words = word_order(normalise_prompt(req(prompt)))
+    return index.nearest(vector, scope, entities(prompt), words=words, threshold=threshold)
 
 
 def test_nearest_finds_a_paraphrase_above_the_threshold(embedder: MiniLMEmbedder) -> None:
@@ -269,6 +317,23 @@ def test_close_embeddings_with_different_entities_never_match(embedder: MiniLMEm
     assert not index.has_candidates(scope, entities("Where is my order 12346?"))
     hits = query(index, embedder, "where's my order 12345", scope, 0.9)
     assert [key for key, _ in hits] == ["Where is my order 12345?"]
+
+
+def test_a_swapped_direction_is_never_the_nearest_even_when_closest(
+    embedder: MiniLMEmbedder,
+) -> None:
+    scope = cache_scope(req(), SETTINGS)
+    stored = "how do i convert celsius to fahrenheit"  # lower case: no entity tells them apart
+    swapped = "how do i convert fahrenheit to celsius"
+    # The embedding alone would answer one with the other (measured 0.99).
+    assert similarity(embedder, stored, swapped) > SETTINGS.threshold
+    index = SemanticIndex(embedder.dim, 100)
+    fill(index, embedder, [stored, "how do i convert fahrenheit into kelvin"], scope)
+    assert [key for key, _ in query(index, embedder, swapped, scope, 0.5)] == [
+        "how do i convert fahrenheit into kelvin"
+    ], "the swapped entry is skipped, the next nearest still found"
+    hits = query(index, embedder, "how can i convert celsius to fahrenheit", scope, 0.9)
+    assert [key for key, _ in hits][:1] == [stored]
 
 
 def test_index_is_bounded_and_forgets_expired_and_removed_entries(
