@@ -615,7 +615,7 @@ class BatchClassifier:
             level=level,
             history=looked.history,
             serving=self._serving(),
-            full=self._full(looked.found),
+            full=self._full_for(looked.found),
             rollout=self._rollout(),
         )
         decision = classified.decision
@@ -635,12 +635,13 @@ class BatchClassifier:
             self._drift.observe({name: getattr(features, name) for name in _FEATURES})
         return classified
 
-    def _full(self, found: Found) -> LaneFull | None:
-        """The gate's word, asked only of a request that may go to a lane
-        (a cache hit or a rule's answer is given here whatever it says)."""
+    def _full_for(self, found: Found) -> Callable[[Path], LaneFull | None] | None:
+        """The gate, for ``route`` to ask with the path it chose; only for a
+        request that may go to a lane (a cache hit or a rule's answer is
+        given here whatever it says)."""
         if self._gate is None or found.hit is not None or found.rule is not None:
             return None
-        return self._gate.full()
+        return self._gate.full
 
     def _failed(self, record: SourceRecord, exc: BaseException) -> Classified:
         """A bug on one record: that record to the DLQ, its batch-mates go on."""

@@ -29,7 +29,7 @@ steps with no I/O (built-in rules, no cache), for tests and tools.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -38,6 +38,7 @@ from schemas.messages import (
     ChatMessage,
     InferenceRequest,
     InferenceResult,
+    Lane,
     Path,
     RequestLimits,
     RoutedRequest,
@@ -156,13 +157,15 @@ def route(
     level: int = 0,
     history: Sequence[ChatMessage] = (),
     serving: Serving | None = None,
-    full: LaneFull | None = None,
+    full: Callable[[Path], LaneFull | None] | None = None,
     rollout: RolloutView | None = None,
 ) -> Classified:
     """``level``: the flow controller's load level (``streams.classify.flow``);
     ``serving``: per lane, the paths live workers serve (``None``: not known);
-    ``full``: a lane too full for new model requests (``flow.LaneFull``);
-    ``rollout``: the model versions (``None``: no version is named)."""
+    ``full``: asked with the path of a model request put on the realtime
+    lane, that lane when it is too full for it (``flow.LaneFull``; the
+    realtime gate's ``full``); ``rollout``: the model versions (``None``:
+    no version is named)."""
     request, reply_to = admitted.request, admitted.reply_to
     age_ms = admitted.age_ms(now_ms)
     routers = rollout.routers if rollout is not None else None
@@ -178,12 +181,15 @@ def route(
         records = _terminal(answer, admitted, now_ms, settings, cache_key=hit_key)
         return Classified("answered", records, answer, request, reply_to, decision)
 
-    spill = spills(decision, full)
+    lane_full = None
+    if full is not None and decision.lane is Lane.REALTIME and decision.path.is_model:
+        lane_full = full(decision.path)
+    spill = spills(decision, lane_full)
     if spill is not None:  # the lane's own paths compete, as on any request sent there
         chosen = decide(request, found, settings.routing, chooser, stats or {}, serving, lane=spill)
         decision = replace(chosen, spilled_from=decision.lane)
     cheapest = router.registry.cheapest(decision.lane)
-    adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms, full, cheapest)
+    adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms, lane_full, cheapest)
     if isinstance(adjusted, Shed):
         shed = RateLimited(adjusted.reason, retry_after_ms=adjusted.retry_after_ms)
         result = InferenceResult.failure(

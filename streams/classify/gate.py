@@ -13,10 +13,9 @@ partition, so the gate judges each realtime worker by its own queue where
 it can: a worker whose heartbeat card lists the partitions it holds
 (``WorkerCard.partitions``) and whose report is fresh. A model request goes
 to the worker with the most room that serves its path (``sent`` names one
-of that worker's partitions, in turn), and the lane is full only when the
-worker with the most room is (whichever paths it serves: the gate is asked
-before the path is chosen); the count mark (``realtime_max_backlog``)
-stays the lane's. Summed over the lane instead, one idle worker's free
+of that worker's partitions, in turn), and the lane is full for that path
+only when that worker is (``full(path)``); the count mark
+(``realtime_max_backlog``) stays the lane's. Summed over the lane instead, one idle worker's free
 slots would hide another's queue: with four partitions over three
 workers, the worker holding two gets half the traffic on a third of the
 capacity. Where no
@@ -139,14 +138,15 @@ class RealtimeGate:
 
     # -- what the classifier asks --------------------------------------------
 
-    def full(self) -> LaneFull | None:
-        """The lane, when it takes no more model requests now: when the
-        worker with the most room is full (the lane's sums, where no worker
-        can be judged alone)."""
+    def full(self, path: Path | None = None) -> LaneFull | None:
+        """The lane, when it takes no more model requests (for ``path``; any
+        path when ``None``) now: when the worker with the most room that
+        serves it is full (the lane's sums, where no such worker can be
+        judged alone)."""
         now = self._clock_ms()
         if not self._lane.fresh(now, self._stale_ms):
             return None
-        best = self._best(now, None)
+        best = self._best(now, path)
         if best is None:
             return self._lane.full(self._flow, now)
         mark, waiting = self._flow.realtime_max_backlog, self._lane.waiting(now)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.messages import InferenceRequest, InferenceResult, Path
+from schemas.messages import InferenceRequest, InferenceResult, Lane, Path
 from schemas.settings import FlowSettings, RedisSettings, RoutingSettings, Settings
 from streams.cache.response import CacheHit, Probe
 from streams.classify.batch import BatchClassifier, BatchLookups, Plan, semantic_wanted, waves
@@ -244,6 +244,29 @@ async def test_realtime_model_requests_are_written_to_the_partitions_of_the_work
         ("realtime", 2),
     ]
     assert lanes[2] == ("medium", None)
+
+
+async def test_a_full_light_worker_spills_light_work_though_a_heavy_worker_idles() -> None:
+    """The lane is judged for the path the request was given: the worker
+    serving light has two rounds waiting, the one serving heavy nothing. A
+    simple question (light) goes to medium instead of queueing behind the
+    light worker's rounds."""
+    gate = RealtimeGate(FlowSettings(), clock_ms=lambda: NOW)
+    gate.serving(4)
+    gate.workers(
+        {
+            "light": RealtimeWorker(2, (0,), frozenset({Path.LIGHT})),
+            "heavy": RealtimeWorker(2, (1,), frozenset({Path.HEAVY})),
+        }
+    )
+    gate.reported(4, None, at_ms=NOW - 1)
+    gate.worker_reported("light", 4, None, at_ms=NOW - 1)
+    gate.worker_reported("heavy", 0, None, at_ms=NOW - 1)
+    classifier = _classifier(RuleBook(), gate=gate)
+    records = [_record(0, _body("simple", "What is the capital of France?"))]
+    ((_, out),) = [c async for wave in classifier.classify_waves(records) for c in wave]
+    assert out.decision is not None
+    assert (out.decision.lane, out.decision.spilled_from) == (Lane.MEDIUM, Lane.REALTIME)
 
 
 # -- the delivery pipeline ---------------------------------------------------------

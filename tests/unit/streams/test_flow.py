@@ -158,7 +158,9 @@ def test_a_full_realtime_lane_still_answers_by_rules() -> None:
         raw = json.dumps({"id": "r", "prompt": prompt, "lane": "realtime"}).encode()
         admitted = admit(SourceRecord(raw, None, now, "t", 0, 0), now_ms=now, settings=settings)
         assert isinstance(admitted, Admitted)
-        out = route(admitted, found, now_ms=now, settings=settings, router=router, full=full)
+        out = route(
+            admitted, found, now_ms=now, settings=settings, router=router, full=lambda _: full
+        )
         return out.outcome
 
     greeting = RuleBook().answer("hello")
@@ -193,7 +195,7 @@ def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium()
             now_ms=now,
             settings=settings,
             router=router,
-            full=full,
+            full=lambda _: full,
             serving=serving,
         )
 

@@ -116,6 +116,25 @@ def test_only_a_worker_serving_the_path_is_chosen() -> None:
     assert gate.sent(path=Path("other")) is None, "no worker judged alone serves it: its key's"
 
 
+def test_the_lane_is_full_for_a_path_when_the_workers_serving_it_are() -> None:
+    """ "a" (light) is at its batch mark, "b" (heavy) idle: full for light,
+    not for heavy, and not for a request of any path."""
+    now = [10_000]
+    gate = _two_workers(now)
+    gate.workers(
+        {
+            "a": RealtimeWorker(4, (0, 1), LIGHT),
+            "b": RealtimeWorker(4, (2, 3), frozenset({Path.HEAVY})),
+        }
+    )
+    gate.reported(8, None, at_ms=10_000)
+    gate.worker_reported("a", 8, None, at_ms=10_000)
+    gate.worker_reported("b", 0, None, at_ms=10_000)
+    assert gate.full(Path.LIGHT) == LaneFull(Lane.REALTIME, 8, 1_000)
+    assert gate.full(Path.HEAVY) is None
+    assert gate.full() is None
+
+
 def test_the_count_mark_stays_the_lanes() -> None:
     now = [10_000]
     flow = FlowSettings(realtime_max_backlog=10, realtime_max_wait_ms=None)
