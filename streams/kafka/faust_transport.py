@@ -9,7 +9,10 @@ kept; only the wait is set before the consumer starts.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -18,7 +21,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from schemas.settings import Settings
 from streams.kafka.envelopes import Outbound
 
-__all__ = ["LanewayApp", "new_app", "raw_sender", "raw_topic"]
+__all__ = ["LanewayApp", "faust_datadir", "new_app", "raw_sender", "raw_topic"]
 
 
 def _transport_class(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
@@ -68,14 +71,26 @@ def _broker_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+def faust_datadir() -> Path:
+    """The directory faust insists on creating (``datadir`` and its ``v1``).
+    laneway's tables live in memory, so it holds nothing; it lies under the
+    temp dir, one per user, so that an app (a bench's or a test's has an id
+    of its own each run) leaves no ``<app_id>-data`` in the working directory."""
+    path = Path(tempfile.gettempdir()) / f"laneway-faust-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
 def new_app(settings: Settings, app_id: str, *, consumer: bool = True) -> LanewayApp:
     """A faust app as laneway runs them: acks=all, topics created up front by
     the registry, tables in memory and rebuilt from their changelogs, no
-    faust web server (``streams.ops`` serves /metrics and the probes).
+    faust web server (``streams.ops`` serves /metrics and the probes), no
+    directory in the working directory (``faust_datadir``).
     ``consumer=False``: faust's Kafka consumer is never started (an app that
     reads its topics itself, ``streams.kafka.intake``: no agents, no tables)."""
     app = LanewayApp(
         app_id,
+        datadir=faust_datadir(),
         fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
         store="memory://",
         topic_partitions=settings.kafka.partitions,

@@ -1,7 +1,11 @@
+from pathlib import Path
+
+import pytest
 from aiokafka import AIOKafkaConsumer
 
 from schemas.settings import KafkaSettings, Settings
 from streams.classify.app import build_app
+from streams.kafka.faust_transport import faust_datadir
 from streams.ops import ProcessState
 from streams.quality.loop import build_quality_app
 
@@ -39,3 +43,14 @@ def test_printed_redis_urls_hide_the_password() -> None:
     assert _without_password("redis://:s3cret@cache:6379/0") == "redis://:***@cache:6379/0"
     assert _without_password("redis://user:s3cret@cache/1") == "redis://user:***@cache/1"
     assert _without_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_faust_leaves_no_data_directory_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(kafka=KafkaSettings(bootstrap="127.0.0.1:1"))
+    app = build_quality_app(settings, ProcessState())
+    app._create_directories()  # what faust does as the app starts
+    assert list(tmp_path.iterdir()) == []
+    assert app.conf.datadir == faust_datadir() and app.conf.appdir.is_dir()
