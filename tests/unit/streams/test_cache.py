@@ -183,6 +183,16 @@ def test_entities_skip_sentence_openers_and_the_pronoun_i() -> None:
     assert entities("How do I get to Paris? Thanks.") == {"paris"}
 
 
+def test_days_months_times_and_small_numbers_are_entities_in_any_case() -> None:
+    assert entities("what are the opening hours on monday") == {"monday"}
+    assert entities("Opening hours on Mondays?") == {"monday"}
+    assert entities("Monday opening hours?") == {"monday"}, "a sentence opener too"
+    assert entities("are you open tomorrow morning") == {"tomorrow", "morning"}
+    assert entities("is the office closed in december") == {"december"}
+    assert entities("book a table for two") == {"two"}
+    assert entities("which one may i choose") == frozenset(), "a pronoun and a verb"
+
+
 def test_different_specifics_different_entity_sets() -> None:
     assert entities("Where is order 123?") != entities("Where is order 456?")
     assert entities("Ship it to Berlin") != entities("Ship it to Madrid")
@@ -334,6 +344,19 @@ def test_a_swapped_direction_is_never_the_nearest_even_when_closest(
     ], "the swapped entry is skipped, the next nearest still found"
     hits = query(index, embedder, "how can i convert celsius to fahrenheit", scope, 0.9)
     assert [key for key, _ in hits][:1] == [stored]
+
+
+def test_another_day_is_never_the_nearest_even_when_closest(embedder: MiniLMEmbedder) -> None:
+    scope = cache_scope(req(), SETTINGS)
+    stored = "what are the opening hours on monday"
+    # The embedding alone would answer one day with the other (measured 0.944).
+    assert similarity(embedder, stored, "what are the opening hours on tuesday") > 0.93
+    assert similarity(embedder, stored, "what are your opening hours on mondays") > 0.93
+    index = SemanticIndex(embedder.dim, 100)
+    fill(index, embedder, [stored], scope)
+    assert query(index, embedder, "what are the opening hours on tuesday", scope, 0.5) == []
+    hits = query(index, embedder, "what are your opening hours on mondays", scope, 0.93)
+    assert [key for key, _ in hits] == [stored]
 
 
 def test_index_is_bounded_and_forgets_expired_and_removed_entries(
