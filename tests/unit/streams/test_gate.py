@@ -99,37 +99,33 @@ def test_summed_over_the_lane_one_idle_worker_would_hide_anothers_queue() -> Non
     assert gate.full() == LaneFull(Lane.REALTIME, 9, 1_000)
 
 
-def test_only_a_worker_serving_the_path_is_chosen() -> None:
-    now = [10_000]
-    gate = _two_workers(now)
+def _light_and_heavy(light_waiting: int) -> RealtimeGate:
+    """Worker "a" serves light (partitions 0 and 1) and has ``light_waiting``;
+    "b" serves heavy (2 and 3) and is idle; both run 4 at once."""
+    gate = _two_workers([10_000])
     gate.workers(
         {
             "a": RealtimeWorker(4, (0, 1), LIGHT),
             "b": RealtimeWorker(4, (2, 3), frozenset({Path.HEAVY})),
         }
     )
-    gate.reported(3, None, at_ms=10_000)
-    gate.worker_reported("a", 3, None, at_ms=10_000)
+    gate.reported(light_waiting, None, at_ms=10_000)
+    gate.worker_reported("a", light_waiting, None, at_ms=10_000)
     gate.worker_reported("b", 0, None, at_ms=10_000)
+    return gate
+
+
+def test_only_a_worker_serving_the_path_is_chosen() -> None:
+    gate = _light_and_heavy(3)
     assert gate.sent(path=Path.LIGHT) in (0, 1)
     assert gate.sent(path=Path.HEAVY) in (2, 3)
     assert gate.sent(path=Path("other")) is None, "no worker judged alone serves it: its key's"
 
 
 def test_the_lane_is_full_for_a_path_when_the_workers_serving_it_are() -> None:
-    """ "a" (light) is at its batch mark, "b" (heavy) idle: full for light,
-    not for heavy, and not for a request of any path."""
-    now = [10_000]
-    gate = _two_workers(now)
-    gate.workers(
-        {
-            "a": RealtimeWorker(4, (0, 1), LIGHT),
-            "b": RealtimeWorker(4, (2, 3), frozenset({Path.HEAVY})),
-        }
-    )
-    gate.reported(8, None, at_ms=10_000)
-    gate.worker_reported("a", 8, None, at_ms=10_000)
-    gate.worker_reported("b", 0, None, at_ms=10_000)
+    """The light worker at its batch mark (8), the heavy one idle: full for
+    light, not for heavy, and not for a request of any path."""
+    gate = _light_and_heavy(8)
     assert gate.full(Path.LIGHT) == LaneFull(Lane.REALTIME, 8, 1_000)
     assert gate.full(Path.HEAVY) is None
     assert gate.full() is None
