@@ -5,6 +5,7 @@ cluster on the dev machines, so this is what keeps them from drifting."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,52 @@ def test_each_lane_scales_on_the_lag_of_its_own_workers() -> None:
         assert spec["scaleTargetRef"]["name"] == f"worker-{lane}"
         assert spec["maxReplicaCount"] <= int(config["LANEWAY_KAFKA_PARTITIONS"])
         assert spec["minReplicaCount"] >= 1  # a model load is too slow to start from zero
+
+
+def _values_of(key: str, node: object) -> list[str]:
+    """Every string value of ``key`` in a parsed JSON document, at any depth."""
+    if isinstance(node, dict):
+        found = [node[key]] if isinstance(node.get(key), str) else []
+        return found + [v for child in node.values() for v in _values_of(key, child)]
+    if isinstance(node, list):
+        return [v for child in node for v in _values_of(key, child)]
+    return []
+
+
+def _exported_series() -> set[str]:
+    """The series names the laneway processes' metrics export (each module
+    that defines metrics registers them on import)."""
+    import importlib
+
+    from prometheus_client import REGISTRY
+
+    for module in (
+        "streams.ops",
+        "streams.cache.response",
+        "streams.classify.drift",
+        "streams.quality.loop",
+        "workers.execution",
+        "workers.lane_worker",
+    ):
+        importlib.import_module(module)
+    suffixes = {
+        "counter": ("_total",),
+        "histogram": ("_bucket", "_sum", "_count"),
+        "summary": ("_sum", "_count", ""),
+    }
+    return {
+        family.name + suffix
+        for family in REGISTRY.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+def test_every_series_the_grafana_dashboard_queries_is_exported() -> None:
+    """A renamed metric leaves its panel empty without a word: no Grafana
+    runs on the dev machines to show it."""
+    exported = _exported_series()
+    for path in (COMPOSE / "grafana").rglob("*.json"):
+        queries = " ".join(_values_of("expr", json.loads(path.read_text())))
+        queried = set(re.findall(r"\blaneway_[a-z0-9_]+", queries))
+        assert queried, f"{path.name} queries no laneway series"
+        assert queried <= exported, f"{path.name}: not exported: {sorted(queried - exported)}"
