@@ -1,4 +1,5 @@
-"""Identical requests in one batch run once.
+"""Identical requests run once: in one batch, and across the batches a
+worker has in flight.
 
 A burst of one popular question reaches a worker before its first answer is
 in the cache: the classifier routed every copy, and the worker's second
@@ -7,11 +8,14 @@ batch, requests the cache would answer alike (the same exact cache key:
 same normalised text, budget class, tenant scope and conversation context;
 temperature 0; neither ``bypass`` nor ``no-store``) are run once; the others
 get the leader's answer as a cache answer (``cache:batch:<model>``). A
-leader that fails hands nothing on: its followers run on their own.
+batch that holds a request an earlier batch of the same worker is still
+decoding waits for that answer instead (``InFlight``). A leader that fails
+hands nothing on: its followers run on their own.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,7 +26,7 @@ from streams.stores.sessions import context_digest
 from workers.answered import answer_from_cache
 from workers.result_store import RecordKey
 
-__all__ = ["Follower", "shared_result", "split_duplicates"]
+__all__ = ["Follower", "InFlight", "shared_result", "split_duplicates"]
 
 Item = tuple[RecordKey, RoutedRequest]
 
@@ -60,6 +64,48 @@ def _shareable_key(routed: RoutedRequest, settings: Settings) -> str | None:
     if cache_control(request) != (True, True):
         return None
     return cache_key(request, settings.cache, context_digest(routed.history))
+
+
+class InFlight:
+    """The shareable requests a worker's batches are decoding now, by answer
+    key, so that a later batch holding an identical one (its burst split
+    over two batches in flight) waits for that answer instead of decoding
+    it again. A batch only waits on batches that claimed their keys before
+    it looked, so no two wait on each other."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._running: dict[str, asyncio.Future[InferenceResult | None]] = {}
+
+    def claim(
+        self, leaders: Sequence[Item]
+    ) -> tuple[dict[int, str | None], dict[int, asyncio.Future[InferenceResult | None]]]:
+        """Which of ``leaders`` this batch runs (index: its answer key,
+        ``None`` when not shareable) and which another batch already runs
+        (index: the answer it will give; ``None`` there means run it)."""
+        ours: dict[int, str | None] = {}
+        elsewhere: dict[int, asyncio.Future[InferenceResult | None]] = {}
+        for i, (_, routed) in enumerate(leaders):
+            key = _shareable_key(routed, self._settings)
+            running = self._running.get(key) if key is not None else None
+            if running is not None:
+                elsewhere[i] = running
+                continue
+            if key is not None:
+                self._running[key] = asyncio.get_running_loop().create_future()
+            ours[i] = key
+        return ours, elsewhere
+
+    def settle(self, keys: Sequence[str | None], results: Sequence[InferenceResult] | None) -> None:
+        """The answers to the claimed ``keys`` (``None``: the batch failed):
+        an ``ok`` one is handed to those waiting, anything else tells them
+        to run their own."""
+        for n, key in enumerate(keys):
+            future = self._running.pop(key, None) if key is not None else None
+            if future is None or future.done():
+                continue
+            result = results[n] if results is not None else None
+            future.set_result(result if result is not None and result.status == "ok" else None)
 
 
 def shared_result(

@@ -48,7 +48,7 @@ from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
 from workers.answered import attempt_events, cached_result
 from workers.batcher import collect_batch
 from workers.check import probe
-from workers.coalesce import shared_result, split_duplicates
+from workers.coalesce import InFlight, shared_result, split_duplicates
 from workers.execution import BackendSlot, Executor, backend_slots, version_slots
 from workers.result_store import RecordKey, ResultStore, record_id
 from workers.retry import RetryRelay
@@ -66,7 +66,7 @@ redelivered batch calls it again."""
 COALESCED = Counter(
     "laneway_cache_late_hits_total",
     "Requests a worker answered without a model: an identical one was answered as they "
-    "waited (from the cache) or in the same batch",
+    "waited (from the cache), in the same batch, or in a batch in flight before theirs",
     ["lane"],
 )
 
@@ -145,6 +145,8 @@ class LaneWorker:
         """Records this worker answers a busy second (on the backlog board)."""
         self._running = 0
         """Records of the batches in flight, not yet settled."""
+        self.in_flight = InFlight(settings)
+        """The shareable requests this worker's batches are decoding now."""
         self._next_offset: dict[TopicPartition, int] = {}
         """Per partition, the offset after the last record handed to this worker."""
         self._committed: dict[TopicPartition, int] = {}
@@ -519,27 +521,40 @@ class LaneWorker:
     async def _run(
         self, fresh: list[tuple[RecordKey, RoutedRequest]], traces: Traces
     ) -> tuple[list[Answer], list[Outbound]]:
-        """Run ``fresh`` on the model paths, identical requests once
-        (``workers.coalesce``). Returns the answers and a quality event per
-        path that failed before a fallback answered."""
+        """Run ``fresh`` on the model paths, identical requests once: in
+        this batch, and across the batches in flight (``workers.coalesce``).
+        Returns the answers and a quality event per path that failed before
+        a fallback answered."""
         leaders, followers = split_duplicates(fresh, self.settings)
-        finished = await self.executor.execute([routed for _, routed in leaders])
+        ours, elsewhere = self.in_flight.claim(leaders)
+        mine = list(ours)
+        try:
+            finished = await self.executor.execute([leaders[i][1] for i in mine])
+        except BaseException:
+            self.in_flight.settle(list(ours.values()), None)  # the waiting run their own
+            raise
+        self.in_flight.settle([ours[i] for i in mine], [item.result for item in finished])
+        keys = [leaders[i][0] for i in mine]
         answers: list[Answer] = [
-            (key, item.routed, item.result)
-            for (key, _), item in zip(leaders, finished, strict=True)
+            (key, item.routed, item.result) for key, item in zip(keys, finished, strict=True)
         ]
+        led: dict[int, InferenceResult | None] = {
+            i: item.result for i, item in zip(mine, finished, strict=True)
+        }
+        for i, running in elsewhere.items():  # an earlier batch's: started first
+            led[i] = await asyncio.shield(running)
         now_ms = int(time.time() * 1000)
         alone: list[tuple[RecordKey, RoutedRequest]] = []
-        for follower in followers:
-            led = finished[follower.leader].result
-            if led.status == "ok":
-                shared = shared_result(follower.routed, led, self.lane, now_ms)
-                answers.append((follower.key, follower.routed, shared))
+        sharing = [(leaders[i][0], leaders[i][1], i) for i in elsewhere]
+        sharing += [(f.key, f.routed, f.leader) for f in followers]
+        for key, routed, leader in sharing:
+            result = led[leader]
+            if result is not None and result.status == "ok":
+                answers.append((key, routed, shared_result(routed, result, self.lane, now_ms)))
             else:
-                alone.append((follower.key, follower.routed))
-        if len(followers) > len(alone):
-            COALESCED.labels(self.lane).inc(len(followers) - len(alone))
-        keys = [key for key, _ in leaders]
+                alone.append((key, routed))
+        if len(sharing) > len(alone):
+            COALESCED.labels(self.lane).inc(len(sharing) - len(alone))
         if alone:  # the leader failed: each runs on its own
             more = await self.executor.execute([routed for _, routed in alone])
             finished += more

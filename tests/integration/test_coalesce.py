@@ -1,7 +1,9 @@
-"""Identical requests in one batch run once, on a real broker and Redis."""
+"""Identical requests run once, in one batch and across the batches a worker
+has in flight, on a real broker and Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 
@@ -29,34 +31,47 @@ class CountingExecutor(Executor):
         return await super().execute(batch)
 
 
-async def one_batch(
-    settings: Settings, requests: list[InferenceRequest], backend: BackendSettings
-) -> tuple[CountingExecutor, dict[str, InferenceResult]]:
-    """Put ``requests`` on a realtime lane of topics of their own, have a
-    worker fetch them and process them as one batch; their results by id."""
+async def fetched_by_a_worker(
+    settings: Settings, requests: list[InferenceRequest], executor: Executor
+) -> tuple[Settings, LaneWorker, list[ConsumerRecord]]:
+    """Put ``requests`` on a realtime lane of topics of their own; a started
+    worker on it with ``executor``, the records it fetched, and the settings
+    that name the topics. The caller closes the worker."""
     prefix = f"co{uuid.uuid4().hex[:8]}"
     kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
     own = settings.model_copy(update={"kafka": kafka, "app_id": prefix})
     await create_topics(own)
     for request in requests:
         await produce_to_lane(own, routed_now(request, own.replies_topic))
-    executor = CountingExecutor(Lane.REALTIME, backend_slots(backend))
     store = ResultStore.from_url(own.redis.url, prefix=prefix, ttl_s=60, timeout_s=0.5)
     worker = LaneWorker(own, Lane.REALTIME, executor=executor, store=store)
     await worker.start()
+    records: list[ConsumerRecord] = []
+    for _ in range(40):
+        records += await worker._fetch(0.5, 16)
+        if len(records) >= len(requests):
+            break
+    assert len(records) == len(requests)
+    return own, worker, records
+
+
+async def results_by_id(own: Settings) -> dict[str, InferenceResult]:
+    replies = await read_topic(own, own.replies_topic)
+    results = [InferenceResult.model_validate_json(r.value) for r in replies]
+    return {r.id: r for r in results}
+
+
+async def one_batch(
+    settings: Settings, requests: list[InferenceRequest], backend: BackendSettings
+) -> tuple[CountingExecutor, dict[str, InferenceResult]]:
+    """Have a worker process ``requests`` as one batch; their results by id."""
+    executor = CountingExecutor(Lane.REALTIME, backend_slots(backend))
+    own, worker, records = await fetched_by_a_worker(settings, requests, executor)
     try:
-        records: list[ConsumerRecord] = []
-        for _ in range(40):
-            records += await worker._fetch(0.5, 16)
-            if len(records) >= len(requests):
-                break
-        assert len(records) == len(requests)
         await worker.process(records)
     finally:
         await worker.close()
-    replies = await read_topic(own, own.replies_topic)
-    results = [InferenceResult.model_validate_json(r.value) for r in replies]
-    return executor, {r.id: r for r in results}
+    return executor, await results_by_id(own)
 
 
 def ask(rid: str, prompt: str = "ping", **fields: object) -> InferenceRequest:
@@ -100,3 +115,69 @@ async def test_a_failed_leader_hands_nothing_on(settings: Settings) -> None:
     for result in results.values():
         assert result.error is not None
         assert result.error.code == BackendUnavailable.code
+
+
+class HeldExecutor(CountingExecutor):
+    """The real executor, counting the requests it starts and holding every
+    batch until ``release`` is set: a decode that takes its time."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = asyncio.Event()
+
+    async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
+        self.ran += [routed.request.id for routed in batch]
+        await self.release.wait()
+        return await Executor.execute(self, batch)
+
+
+async def two_batches_in_flight(
+    settings: Settings, backend: BackendSettings
+) -> tuple[list[str], HeldExecutor, dict[str, InferenceResult]]:
+    """Asks "ping" then "PING" (one question to the cache), each in a batch
+    of its own on one worker, the second started while the first is
+    decoding. Returns what had started while the first was held, the
+    executor and the results by id."""
+    executor = HeldExecutor(Lane.REALTIME, backend_slots(backend))
+    requests = [ask("first"), ask("second", "PING")]
+    own, worker, records = await fetched_by_a_worker(settings, requests, executor)
+    try:
+        by_id = {RoutedRequest.model_validate_json(r.value).request.id: r for r in records}
+        first = asyncio.create_task(worker.process([by_id["first"]]))
+        for _ in range(100):
+            if executor.ran:
+                break
+            await asyncio.sleep(0.05)
+        second = asyncio.create_task(worker.process([by_id["second"]], after=first))
+        await asyncio.sleep(0.5)  # time enough to start decoding, were it to
+        started = list(executor.ran)
+        executor.release.set()
+        await asyncio.gather(first, second)
+    finally:
+        await worker.close()
+    return started, executor, await results_by_id(own)
+
+
+async def test_a_request_an_earlier_batch_is_decoding_waits_for_its_answer(
+    settings: Settings,
+) -> None:
+    rules = BackendSettings(light="rules", heavy="rules")
+    started, executor, results = await two_batches_in_flight(settings, rules)
+    assert started == ["first"], "the second batch waits; it decodes nothing"
+    assert executor.ran == ["first"]
+    assert results["first"].output == results["second"].output == "pong"
+    assert results["second"].path == Path.CACHE
+    assert results["second"].model == f"cache:batch:{results['first'].model}"
+
+
+async def test_a_failed_decode_in_flight_hands_nothing_on(settings: Settings) -> None:
+    nothing = BackendSettings(
+        light="openai", heavy="openai", openai_base_url="http://127.0.0.1:9/v1"
+    )
+    started, executor, results = await two_batches_in_flight(
+        settings.model_copy(update={"max_attempts": 1}), nothing
+    )
+    assert started == ["first"]
+    assert executor.ran == ["first", "second"], "the second runs its own once the first failed"
+    for result in results.values():
+        assert result.error is not None and result.error.code == BackendUnavailable.code
