@@ -41,9 +41,11 @@ class Follower:
 
 def split_duplicates(
     items: Sequence[Item], settings: Settings
-) -> tuple[list[Item], list[Follower]]:
-    """The requests to run, and the ones an identical earlier one answers."""
+) -> tuple[list[Item], list[str | None], list[Follower]]:
+    """The requests to run, each one's answer key (``None``: its answer is
+    its own), and the ones an identical earlier one answers."""
     leaders: list[Item] = []
+    answer_keys: list[str | None] = []
     followers: list[Follower] = []
     seen: dict[str, int] = {}
     for key, routed in items:
@@ -54,7 +56,8 @@ def split_duplicates(
         if answer_key is not None:
             seen[answer_key] = len(leaders)
         leaders.append((key, routed))
-    return leaders, followers
+        answer_keys.append(answer_key)
+    return leaders, answer_keys, followers
 
 
 def _shareable_key(routed: RoutedRequest, settings: Settings) -> str | None:
@@ -73,20 +76,19 @@ class InFlight:
     it again. A batch only waits on batches that claimed their keys before
     it looked, so no two wait on each other."""
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+    def __init__(self) -> None:
         self._running: dict[str, asyncio.Future[InferenceResult | None]] = {}
 
     def claim(
-        self, leaders: Sequence[Item]
+        self, answer_keys: Sequence[str | None]
     ) -> tuple[dict[int, str | None], dict[int, asyncio.Future[InferenceResult | None]]]:
-        """Which of ``leaders`` this batch runs (index: its answer key,
-        ``None`` when not shareable) and which another batch already runs
-        (index: the answer it will give; ``None`` there means run it)."""
+        """Of a batch's leaders by their answer keys (``split_duplicates``),
+        which this batch runs (index: its answer key) and which another
+        batch already runs (index: the answer it will give; ``None`` there
+        means run it)."""
         ours: dict[int, str | None] = {}
         elsewhere: dict[int, asyncio.Future[InferenceResult | None]] = {}
-        for i, (_, routed) in enumerate(leaders):
-            key = _shareable_key(routed, self._settings)
+        for i, key in enumerate(answer_keys):
             running = self._running.get(key) if key is not None else None
             if running is not None:
                 elsewhere[i] = running

@@ -145,7 +145,7 @@ class LaneWorker:
         """Records this worker answers a busy second (on the backlog board)."""
         self._running = 0
         """Records of the batches in flight, not yet settled."""
-        self.in_flight = InFlight(settings)
+        self.in_flight = InFlight()
         """The shareable requests this worker's batches are decoding now."""
         self._next_offset: dict[TopicPartition, int] = {}
         """Per partition, the offset after the last record handed to this worker."""
@@ -525,8 +525,8 @@ class LaneWorker:
         this batch, and across the batches in flight (``workers.coalesce``).
         Returns the answers and a quality event per path that failed before
         a fallback answered."""
-        leaders, followers = split_duplicates(fresh, self.settings)
-        ours, elsewhere = self.in_flight.claim(leaders)
+        leaders, answer_keys, followers = split_duplicates(fresh, self.settings)
+        ours, elsewhere = self.in_flight.claim(answer_keys)
         mine = list(ours)
         try:
             finished = await self.executor.execute([leaders[i][1] for i in mine])

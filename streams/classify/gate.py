@@ -15,10 +15,10 @@ it can: a worker whose heartbeat card lists the partitions it holds
 to the worker with the most room that serves its path (``sent`` names one
 of that worker's partitions, in turn), and the lane is full for that path
 only when that worker is (``full(path)``); the count mark
-(``realtime_max_backlog``) stays the lane's. Summed over the lane instead, one idle worker's free
-slots would hide another's queue: with four partitions over three
-workers, the worker holding two gets half the traffic on a third of the
-capacity. Where no
+(``realtime_max_backlog``) stays the lane's. Summed over the lane instead,
+one idle worker's free slots would hide another's queue: with four
+partitions over three workers, the worker holding two gets half the
+traffic on a third of the capacity. Where no
 worker can be judged alone (older workers, no reports yet), the gate judges
 the lane as a whole and records go where their key hashes, as before.
 
