@@ -20,7 +20,7 @@ from unittest import mock
 
 import pytest
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -31,6 +31,7 @@ from streams.client import LanewayClient
 from streams.rules.rulefile import EXAMPLE_RULES_FILE
 from streams.tools.embedded import EmbeddedRedis, free_port
 from streams.tools.supervisor import Stack
+from workers.lane_worker import LaneWorker
 
 # The stack's rule file: the shipped example, copied so a test can edit it
 # (hot reload). Written by the ``stack`` fixture before the stack starts.
@@ -328,6 +329,20 @@ async def produce_to_lane(
     by its id, or by ``key`` to share another record's partition)."""
     value = routed.model_dump_json().encode()
     await produce_raw(settings, settings.lane_topic(routed.lane), value, key or routed.request.id)
+
+
+async def fetch_lane_records(
+    worker: LaneWorker, count: int, tries: int = 40
+) -> list[ConsumerRecord]:
+    """``count`` records of a started worker's lane, fetched as its loop
+    would (half a second a try, at most ``tries`` tries)."""
+    records: list[ConsumerRecord] = []
+    for _ in range(tries):
+        records += await worker._fetch(0.5, 16)
+        if len(records) >= count:
+            break
+    assert len(records) == count
+    return records
 
 
 async def produce_raw(settings: Settings, topic: str, value: bytes, key: str) -> None:

@@ -13,7 +13,12 @@ from schemas.errors import BackendUnavailable
 from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings, Settings
 from streams.kafka.topics import create_topics
-from tests.integration.conftest import produce_to_lane, read_topic, routed_now
+from tests.integration.conftest import (
+    fetch_lane_records,
+    produce_to_lane,
+    read_topic,
+    routed_now,
+)
 from workers.execution import Executor, Finished, backend_slots
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
@@ -46,13 +51,7 @@ async def fetched_by_a_worker(
     store = ResultStore.from_url(own.redis.url, prefix=prefix, ttl_s=60, timeout_s=0.5)
     worker = LaneWorker(own, Lane.REALTIME, executor=executor, store=store)
     await worker.start()
-    records: list[ConsumerRecord] = []
-    for _ in range(40):
-        records += await worker._fetch(0.5, 16)
-        if len(records) >= len(requests):
-            break
-    assert len(records) == len(requests)
-    return own, worker, records
+    return own, worker, await fetch_lane_records(worker, len(requests))
 
 
 async def results_by_id(own: Settings) -> dict[str, InferenceResult]:

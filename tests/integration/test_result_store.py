@@ -14,7 +14,7 @@ from schemas.settings import BackendSettings, Settings
 from streams.kafka.topics import create_topics
 from streams.ops import REDIS_ERRORS
 from streams.tools.embedded import free_port
-from tests.integration.conftest import read_topic, routed_now
+from tests.integration.conftest import fetch_lane_records, read_topic, routed_now
 from workers.execution import Executor, Finished, backend_slots
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
@@ -80,12 +80,7 @@ async def worker_with_records(
     await producer.stop()
     worker = LaneWorker(own, Lane.REALTIME, executor=executor, store=store_for(own, prefix))
     await worker.start()
-    records: list[ConsumerRecord] = []
-    for _ in range(20):
-        records += await worker._fetch(0.5, 16)
-        if len(records) >= len(prompts):
-            break
-    assert len(records) == len(prompts)
+    records = await fetch_lane_records(worker, len(prompts), tries=20)
     return worker, own, routeds, records
 
 
