@@ -453,6 +453,11 @@ class CacheSettings(BaseSettings):
     evict_at_feedback: float | None = Field(default=-0.5, ge=-1, le=1)
     """Client feedback at or below this score evicts the cache entry the
     answer came from or was stored under; unset (``null``) never evicts."""
+    claim_ttl_s: float = Field(default=60.0, ge=0)
+    """How long a lane worker's mark on a question it is decoding holds
+    (``workers.claims``): another worker with the same question meanwhile
+    waits for that answer instead of decoding it again. Longer than a
+    batch's decode; ``0``: no marks, every worker decodes its own copy."""
 
 
 class RulesSettings(BaseSettings):

@@ -9,8 +9,9 @@ same normalised text, budget class, tenant scope and conversation context;
 temperature 0; neither ``bypass`` nor ``no-store``) are run once; the others
 get the leader's answer as a cache answer (``cache:batch:<model>``). A
 batch that holds a request an earlier batch of the same worker is still
-decoding waits for that answer instead (``InFlight``). A leader that fails
-hands nothing on: its followers run on their own.
+decoding waits for that answer instead (``InFlight``); one that another
+worker is decoding waits for it too (``workers.claims``). A leader that
+fails hands nothing on: its followers run on their own.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schemas.messages import InferenceResult, Lane, RoutedRequest
+from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.keys import cache_control, cache_key
 from streams.stores.sessions import context_digest
@@ -98,10 +99,12 @@ class InFlight:
             ours[i] = key
         return ours, elsewhere
 
-    def settle(self, keys: Sequence[str | None], results: Sequence[InferenceResult] | None) -> None:
-        """The answers to the claimed ``keys`` (``None``: the batch failed):
-        an ``ok`` one is handed to those waiting, anything else tells them
-        to run their own."""
+    def settle(
+        self, keys: Sequence[str | None], results: Sequence[InferenceResult | None] | None
+    ) -> None:
+        """The answers to the claimed ``keys`` (``None``: the batch failed,
+        or that one did): an ``ok`` one is handed to those waiting, anything
+        else tells them to run their own."""
         for n, key in enumerate(keys):
             future = self._running.pop(key, None) if key is not None else None
             if future is None or future.done():
@@ -113,8 +116,10 @@ class InFlight:
 def shared_result(
     routed: RoutedRequest, answer: InferenceResult, lane: Lane, now_ms: int
 ) -> InferenceResult:
-    """``answer``, computed for an identical request of the same batch, as
-    the answer to ``routed``."""
+    """``answer``, computed for an identical request of the same batch (or
+    found in the cache for one), as the answer to ``routed``."""
     model = f"cache:batch:{answer.model or '-'}"
+    if answer.path is Path.CACHE and answer.model:
+        model = answer.model  # already named after the cache entry it came from
     size = answer.timings.batch_size
     return answer_from_cache(routed, answer.output or "", model, lane, now_ms, size)

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import Settings
-from streams.cache.response import ResponseCache
+from streams.cache.response import CacheHit, ResponseCache
 from streams.classify.registry import load_registry, worker_paths
 from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.otlp import exporter_for
@@ -48,8 +48,9 @@ from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
 from workers.answered import attempt_events, cached_result
 from workers.batcher import collect_batch
 from workers.check import probe
+from workers.claims import DecodeClaims
 from workers.coalesce import InFlight, shared_result, split_duplicates
-from workers.execution import BackendSlot, Executor, backend_slots, version_slots
+from workers.execution import BackendSlot, Executor, Finished, backend_slots, version_slots
 from workers.result_store import RecordKey, ResultStore, record_id
 from workers.retry import RetryRelay
 from workers.settle import Answer, give_up, reject_unreadable, settle_failures, terminal_for
@@ -114,6 +115,7 @@ class LaneWorker:
         on_answered: AnsweredHook | None = None,
         cache: ResponseCache | None = None,
         workers: WorkerBoard | None = None,
+        claims: DecodeClaims | None = None,
     ) -> None:
         self.settings = settings
         self.lane = lane
@@ -138,6 +140,9 @@ class LaneWorker:
         answered while this one waited in the lane is not computed twice."""
         self.workers = workers
         """Where this worker announces the paths it serves (``None``: nowhere)."""
+        self.claims = claims if cache is not None else None
+        """Where this worker marks the questions it decodes, and finds the
+        ones another worker is decoding (``None``: it decodes every copy)."""
         self._worker_id = uuid.uuid4().hex[:8]
         self._probed: set[int] = set()
         """Slots (by ``id``) whose backend loaded and answered a test inference."""
@@ -522,18 +527,32 @@ class LaneWorker:
         self, fresh: list[tuple[RecordKey, RoutedRequest]], traces: Traces
     ) -> tuple[list[Answer], list[Outbound]]:
         """Run ``fresh`` on the model paths, identical requests once: in
-        this batch, and across the batches in flight (``workers.coalesce``).
-        Returns the answers and a quality event per path that failed before
-        a fallback answered."""
+        this batch, across the batches in flight (``workers.coalesce``) and
+        across workers (``workers.claims``). Returns the answers and a
+        quality event per path that failed before a fallback answered."""
         leaders, answer_keys, followers = split_duplicates(fresh, self.settings)
         ours, elsewhere = self.in_flight.claim(answer_keys)
-        mine = list(ours)
+        joining: asyncio.Task[dict[int, InferenceResult | None]] | None = None
+        marked: list[str] = []
         try:
-            finished = await self.executor.execute([leaders[i][1] for i in mine])
+            theirs = await self._claim(ours, marked)
+            mine = [i for i in ours if i not in theirs]
+            joining = asyncio.create_task(self._join(theirs, leaders)) if theirs else None
+            finished = await self.executor.execute([leaders[i][1] for i in mine]) if mine else []
+            self.in_flight.settle([ours[i] for i in mine], [item.result for item in finished])
+            claimed = set(marked)
+            await self._hand_over(
+                [item for i, item in zip(mine, finished, strict=True) if ours[i] in claimed], marked
+            )
+            joined = await joining if joining is not None else {}  # another worker's, cached
         except BaseException:
+            if joining is not None:
+                joining.cancel()
             self.in_flight.settle(list(ours.values()), None)  # the waiting run their own
             raise
-        self.in_flight.settle([ours[i] for i in mine], [item.result for item in finished])
+        finally:
+            await self._let_go(marked)
+        self.in_flight.settle([theirs[i] for i in joined], list(joined.values()))
         keys = [leaders[i][0] for i in mine]
         answers: list[Answer] = [
             (key, item.routed, item.result) for key, item in zip(keys, finished, strict=True)
@@ -541,11 +560,12 @@ class LaneWorker:
         led: dict[int, InferenceResult | None] = {
             i: item.result for i, item in zip(mine, finished, strict=True)
         }
+        led.update(joined)
         for i, running in elsewhere.items():  # an earlier batch's: started first
             led[i] = await asyncio.shield(running)
         now_ms = int(time.time() * 1000)
         alone: list[tuple[RecordKey, RoutedRequest]] = []
-        sharing = [(leaders[i][0], leaders[i][1], i) for i in elsewhere]
+        sharing = [(leaders[i][0], leaders[i][1], i) for i in [*elsewhere, *theirs]]
         sharing += [(f.key, f.routed, f.leader) for f in followers]
         for key, routed, leader in sharing:
             result = led[leader]
@@ -555,7 +575,7 @@ class LaneWorker:
                 alone.append((key, routed))
         if len(sharing) > len(alone):
             COALESCED.labels(self.lane).inc(len(sharing) - len(alone))
-        if alone:  # the leader failed: each runs on its own
+        if alone:  # the leader failed (or another worker's answer never came): each runs on its own
             more = await self.executor.execute([routed for _, routed in alone])
             finished += more
             keys += [key for key, _ in alone]
@@ -608,6 +628,65 @@ class LaneWorker:
             )
         return answers, parked, outbound
 
+    async def _claim(self, ours: dict[int, str | None], marked: list[str]) -> dict[int, str]:
+        """Mark the questions this batch is about to decode as this worker's
+        (added to ``marked``); of ``ours``, the ones another worker marked
+        first (index: answer key)."""
+        keys = {i: key for i, key in ours.items() if key is not None}
+        if self.claims is None or not keys:
+            return {}
+        held = await self.claims.claim(list(keys.values()))
+        marked += [key for key in keys.values() if key not in held]
+        return {i: key for i, key in keys.items() if key in held}
+
+    async def _hand_over(self, finished: Sequence[Finished], marked: list[str]) -> None:
+        """Store the answers to the questions this batch marked, then let
+        the marks go: the workers waiting on them find them now, not when
+        this batch ends (each batch waits on others' marks while holding
+        its own, so holding them longer could make two wait on each
+        other). ``on_answered`` stores them again later (idempotent)."""
+        if self.cache is not None and marked:
+            cache = self.cache
+            await asyncio.gather(
+                *(
+                    cache.store(
+                        item.routed.request, item.result, context_digest(item.routed.history)
+                    )
+                    for item in finished
+                )
+            )
+        await self._let_go(marked)
+
+    async def _join(
+        self, theirs: dict[int, str], leaders: Sequence[tuple[RecordKey, RoutedRequest]]
+    ) -> dict[int, InferenceResult | None]:
+        """Wait for the answers other workers are decoding to reach the
+        cache, each request no longer than half the time its deadline
+        leaves it (``workers.claims``); ``None`` where the answer did not
+        come and the request runs here."""
+        assert self.claims is not None and self.cache is not None
+        now, now_ms = time.monotonic(), int(time.time() * 1000)
+        patience = {}
+        for i in theirs:
+            left_ms = leaders[i][1].remaining_ms(now_ms)
+            ttl_s = self.settings.cache.claim_ttl_s
+            patience[i] = now + (ttl_s if left_ms is None else max(0.0, left_ms) / 2000)
+        gone = sorted(await self.claims.wait(theirs, patience))
+        hits = await asyncio.gather(*(self._look_up(leaders[i][1]) for i in gone))
+        found = {i: hit for i, hit in zip(gone, hits, strict=True) if hit is not None}
+        now_ms = int(time.time() * 1000)
+        return {
+            i: cached_result(leaders[i][1], found[i], self.lane, now_ms) if i in found else None
+            for i in theirs
+        }
+
+    async def _let_go(self, marked: list[str]) -> None:
+        """Release a batch's marks (``_claim``); a second call does nothing."""
+        if self.claims is not None and marked:
+            keys = list(marked)
+            marked.clear()
+            await self.claims.release(keys)
+
     async def _answered_meanwhile(
         self, fresh: Sequence[tuple[RecordKey, RoutedRequest]]
     ) -> list[Answer]:
@@ -616,11 +695,8 @@ class LaneWorker:
         stored (a burst of one popular question)."""
         if self.cache is None:
             return []
-        cache = self.cache
         fresh = [(key, routed) for key, routed in fresh if not routed.shadow]  # runs its version
-        hits = await asyncio.gather(
-            *(cache.lookup(routed.request, context_digest(routed.history)) for _, routed in fresh)
-        )
+        hits = await asyncio.gather(*(self._look_up(routed) for _, routed in fresh))
         now_ms = int(time.time() * 1000)
         found: list[Answer] = [
             (key, routed, cached_result(routed, hit, self.lane, now_ms))
@@ -630,6 +706,10 @@ class LaneWorker:
         if found:
             COALESCED.labels(self.lane).inc(len(found))
         return found
+
+    async def _look_up(self, routed: RoutedRequest) -> CacheHit | None:
+        assert self.cache is not None
+        return await self.cache.lookup(routed.request, context_digest(routed.history))
 
     async def _produce(self, outbound: Sequence[Outbound]) -> None:
         producer = self._producer

@@ -17,6 +17,7 @@ from streams.stores.backlog import BacklogBoard
 from streams.stores.sessions import SessionStore
 from streams.stores.workerboard import WorkerBoard
 from workers.answered import Remember
+from workers.claims import DecodeClaims
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
 
@@ -47,6 +48,11 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         if settings.session.enabled
         else None
     )
+    claims = (
+        DecodeClaims(redis, prefix=settings.redis.key_prefix, ttl_s=settings.cache.claim_ttl_s)
+        if cache is not None and settings.cache.claim_ttl_s > 0
+        else None
+    )
     worker = LaneWorker(
         settings,
         lane,
@@ -56,6 +62,7 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         on_answered=Remember(cache, sessions),
         cache=cache,
         workers=workers,
+        claims=claims,
     )
     # Beats start once the models are loaded: vLLM builds its engine on the
     # event loop's thread, and until the first beat /healthz counts the

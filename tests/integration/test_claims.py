@@ -1,0 +1,206 @@
+"""Identical requests on two workers run once (``workers.claims``), on a real
+broker and Redis: the realtime and the medium worker each get a copy of one
+question, and the second waits for the first's answer in the cache."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as aioredis
+
+from schemas.errors import BackendUnavailable
+from schemas.messages import InferenceResult, Lane, Path
+from schemas.settings import BackendSettings, Settings
+from streams.cache.keys import cache_key
+from streams.cache.response import ResponseCache
+from streams.kafka.topics import create_topics
+from streams.stores.sessions import context_digest
+from tests.integration.conftest import fetch_lane_records, produce_to_lane, routed_now
+from tests.integration.test_coalesce import (
+    CountingExecutor,
+    HeldExecutor,
+    ask,
+    results_by_id,
+)
+from workers.answered import Remember
+from workers.claims import DecodeClaims
+from workers.execution import backend_slots
+from workers.lane_worker import LaneWorker
+
+RULES = BackendSettings(light="rules", heavy="rules")
+NOTHING = BackendSettings(light="openai", heavy="openai", openai_base_url="http://127.0.0.1:9/v1")
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    redis: aioredis.Redis
+
+
+@pytest.fixture
+async def stack(settings: Settings) -> AsyncIterator[Stack]:
+    """Topics and a Redis key prefix of their own."""
+    prefix = f"cl{uuid.uuid4().hex[:8]}"
+    kafka = settings.kafka.model_copy(update={"topic_prefix": prefix})
+    redis_settings = settings.redis.model_copy(update={"key_prefix": prefix})
+    own = settings.model_copy(
+        update={"kafka": kafka, "redis": redis_settings, "app_id": prefix, "max_attempts": 1}
+    )
+    await create_topics(own)
+    client = own.redis.client()
+    try:
+        yield Stack(own, client)
+    finally:
+        keys = [key async for key in client.scan_iter(f"{prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+async def started(stack: Stack, lane: Lane, executor: CountingExecutor) -> LaneWorker:
+    """A worker as ``laneway worker`` builds it: the cache, its marks, and the
+    hook that stores its answers."""
+    own = stack.settings
+    cache = ResponseCache(stack.redis, own.cache, key_prefix=own.redis.key_prefix, embedder=None)
+    claims = DecodeClaims(stack.redis, prefix=own.redis.key_prefix, ttl_s=own.cache.claim_ttl_s)
+    worker = LaneWorker(
+        own, lane, executor=executor, on_answered=Remember(cache, None), cache=cache, claims=claims
+    )
+    await worker.start()
+    return worker
+
+
+async def one_question_on_two_workers(
+    stack: Stack, first_backend: BackendSettings, deadline_in_ms: int | None = None
+) -> tuple[list[str], CountingExecutor, dict[str, InferenceResult]]:
+    """ "ping" on the realtime lane, decoded by a worker that holds its batch
+    until told; "PING" (one question to the cache) on the medium lane, taken
+    by a second worker while the first decodes. Returns what the second had
+    started by the time the first was let go, its executor and the results."""
+    own = stack.settings
+    held = HeldExecutor(Lane.REALTIME, backend_slots(first_backend))
+    counting = CountingExecutor(Lane.MEDIUM, backend_slots(RULES))
+    realtime = await started(stack, Lane.REALTIME, held)
+    medium = await started(stack, Lane.MEDIUM, counting)
+    try:
+        await produce_to_lane(own, routed_now(ask("first", "ping"), own.replies_topic))
+        decoding = asyncio.create_task(realtime.process(await fetch_lane_records(realtime, 1)))
+        for _ in range(100):
+            if held.ran:
+                break
+            await asyncio.sleep(0.05)
+        second = ask("second", "PING")
+        routed = routed_now(
+            second, own.replies_topic, lane=Lane.MEDIUM, deadline_in_ms=deadline_in_ms
+        )
+        await produce_to_lane(own, routed)
+        records = await fetch_lane_records(medium, 1)
+        waiting = asyncio.create_task(medium.process(records))
+        await asyncio.sleep(1.0)  # time enough to start decoding, were it to
+        seen = list(counting.ran)
+        held.release.set()
+        await asyncio.gather(decoding, waiting)
+    finally:
+        await realtime.close()
+        await medium.close()
+    return seen, counting, await results_by_id(own)
+
+
+async def test_a_question_another_worker_decodes_waits_for_its_answer(stack: Stack) -> None:
+    seen, medium, results = await one_question_on_two_workers(stack, RULES)
+    assert seen == [] and medium.ran == [], "the medium worker decodes nothing"
+    assert results["first"].path == Path.LIGHT
+    assert results["second"].status == "ok"
+    assert results["second"].output == results["first"].output == "pong"
+    assert results["second"].path == Path.CACHE
+    assert results["second"].model == f"cache:exact:{results['first'].model}"
+    assert results["second"].lane == Lane.MEDIUM
+    left = [
+        key
+        async for key in stack.redis.scan_iter(f"{stack.settings.redis.key_prefix}:cache:busy:*")
+    ]
+    assert left == [], "every mark let go once its answer was stored"
+
+
+async def test_a_failed_decode_on_another_worker_hands_nothing_on(stack: Stack) -> None:
+    seen, medium, results = await one_question_on_two_workers(stack, NOTHING)
+    assert seen == []
+    assert medium.ran == ["second"], "it runs its own once the first let go without an answer"
+    error = results["first"].error
+    assert error is not None and error.code == BackendUnavailable.code
+    assert results["second"].status == "ok" and results["second"].path == Path.LIGHT
+
+
+async def test_a_request_waits_at_most_half_the_time_its_deadline_leaves(stack: Stack) -> None:
+    # 1.5 s to go, less the fetch: it waits under 0.75 s, then decodes its
+    # own while the first is still held.
+    seen, _, results = await one_question_on_two_workers(stack, RULES, deadline_in_ms=1_500)
+    assert seen == ["second"]
+    assert results["second"].status == "ok" and results["second"].path == Path.LIGHT
+
+
+async def test_a_mark_goes_when_its_decode_ends_not_when_its_batch_does(stack: Stack) -> None:
+    # The medium batch decodes "hello" and waits for "ping", which the
+    # realtime worker holds. A second realtime batch asking "Hello" gets the
+    # medium answer meanwhile: had the medium batch kept its mark until it
+    # ended, the two workers would each wait on the other.
+    own = stack.settings
+    held = HeldExecutor(Lane.REALTIME, backend_slots(RULES))
+    counting = CountingExecutor(Lane.MEDIUM, backend_slots(RULES))
+    realtime = await started(stack, Lane.REALTIME, held)
+    medium = await started(stack, Lane.MEDIUM, counting)
+    try:
+        await produce_to_lane(own, routed_now(ask("r1", "ping"), own.replies_topic))
+        decoding = asyncio.create_task(realtime.process(await fetch_lane_records(realtime, 1)))
+        for _ in range(100):
+            if held.ran:
+                break
+            await asyncio.sleep(0.05)
+        for rid, prompt in (("m1", "hello"), ("m2", "PING")):
+            routed = routed_now(ask(rid, prompt), own.replies_topic, lane=Lane.MEDIUM)
+            await produce_to_lane(own, routed)
+        both = asyncio.create_task(medium.process(await fetch_lane_records(medium, 2)))
+        for _ in range(100):
+            if counting.ran:
+                break
+            await asyncio.sleep(0.05)
+        await produce_to_lane(own, routed_now(ask("r2", "Hello"), own.replies_topic))
+        second = realtime.process(await fetch_lane_records(realtime, 1))
+        await asyncio.wait_for(second, timeout=10)
+        assert held.ran == ["r1"], "the second realtime batch decodes nothing"
+        assert not decoding.done() and not both.done()
+        held.release.set()
+        await asyncio.gather(decoding, both)
+    finally:
+        held.release.set()
+        await realtime.close()
+        await medium.close()
+    results = await results_by_id(own)
+    assert counting.ran == ["m1"]
+    assert all(r.status == "ok" for r in results.values())
+    assert results["r2"].path == results["m2"].path == Path.CACHE
+    assert results["r2"].output == results["m1"].output
+
+
+async def test_a_mark_left_by_a_dead_worker_holds_no_longer_than_its_ttl(stack: Stack) -> None:
+    own = stack.settings
+    request = ask("m", "ping")
+    key = cache_key(request, own.cache, context_digest([]))
+    await stack.redis.set(f"{own.redis.key_prefix}:cache:busy:{key}", "dead", px=1_500)
+    marked_at = time.monotonic()
+    counting = CountingExecutor(Lane.MEDIUM, backend_slots(RULES))
+    medium = await started(stack, Lane.MEDIUM, counting)
+    try:
+        await produce_to_lane(own, routed_now(request, own.replies_topic, lane=Lane.MEDIUM))
+        await medium.process(await fetch_lane_records(medium, 1))
+    finally:
+        await medium.close()
+    assert time.monotonic() - marked_at >= 1.4, "it waited for the mark"
+    assert counting.ran == ["m"], "then ran its own"
+    result = (await results_by_id(own))["m"]
+    assert result.status == "ok" and result.path == Path.LIGHT

@@ -1,0 +1,124 @@
+"""Identical requests on different workers run once.
+
+``workers.coalesce`` joins the copies of one question that reach the same
+worker. A burst can also reach several: two replicas of a lane, or realtime
+and medium when the copies differ in urgency. Each worker marks the answer
+keys it starts decoding in Redis (``SET NX`` with a TTL), and a worker whose
+request is marked by another waits for that answer to reach the cache
+instead of decoding it again.
+
+Redis layout (``P`` = the process's key prefix)::
+
+    P:cache:busy:<key>   string, TTL claim_ttl_s: the claiming worker's
+                         token, set when its decode starts and deleted once
+                         the answer was stored in the cache (or failed)
+
+A waiting request looks for the answer once the mark is gone: the claimer
+stores before it lets go, so a miss then means its decode failed or gave
+nothing the cache keeps, and the request runs on its own. It also stops
+waiting, and runs, once half the time left before its deadline (when it
+was claimed) has passed, or when the mark outlives its TTL (a worker that
+died mid-decode). A worker only waits on a mark while it decodes its own
+batch, so two workers that each hold what the other wants both go on.
+
+Redis trouble never fails a request (``streams.stores.failopen``): a claim
+that cannot be made is a claim of one's own, a wait that cannot ask runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from streams.stores.failopen import FailOpen
+
+__all__ = ["DecodeClaims"]
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+"""How often a waiting request asks whether its mark is gone."""
+
+# KEYS: marks. ARGV: token. Deletes only the marks this worker still holds:
+# one that expired and was claimed again by another worker stays.
+_RELEASE = """
+local n = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    n = n + redis.call('DEL', key)
+  end
+end
+return n
+"""
+
+
+class DecodeClaims:
+    """The answer keys one worker is decoding, marked in Redis."""
+
+    def __init__(self, client: aioredis.Redis, *, prefix: str, ttl_s: float) -> None:
+        self._redis = client
+        self._prefix = f"{prefix}:cache:busy:"
+        self._ttl_ms = max(1, int(ttl_s * 1000))
+        self._token = uuid.uuid4().hex
+        self._release = client.register_script(_RELEASE)
+        self._failopen = FailOpen("decode claims", log=log, label="claims")
+
+    def _mark(self, key: str) -> str:
+        return self._prefix + key
+
+    async def claim(self, keys: Sequence[str]) -> set[str]:
+        """Mark ``keys`` as decoded here; the ones another worker marked
+        first (they stay theirs). One round trip."""
+        if not keys or self._failopen.resting():
+            return set()
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.set(self._mark(key), self._token, nx=True, px=self._ttl_ms)
+                taken = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self._failopen.failed("claim", exc)
+            return set()
+        self._failopen.answered()
+        return {key for key, ok in zip(keys, taken, strict=True) if not ok}
+
+    async def release(self, keys: Sequence[str]) -> None:
+        """Let go of the marks on ``keys`` that are still this worker's."""
+        if not keys:
+            return
+        try:
+            await self._release(keys=[self._mark(key) for key in keys], args=[self._token])
+        except (RedisError, OSError) as exc:  # the marks expire by themselves
+            self._failopen.failed("release", exc)
+
+    async def wait(self, keys: dict[int, str], until: dict[int, float]) -> set[int]:
+        """Wait while other workers hold ``keys`` (by the caller's index),
+        each no later than its ``until`` (``time.monotonic()``); the indexes
+        whose mark is gone. The others ran out of time (or Redis failed)."""
+        pending = dict(keys)
+        gone: set[int] = set()
+        while pending:
+            now = time.monotonic()
+            pending = {i: key for i, key in pending.items() if until[i] > now}
+            if not pending or self._failopen.resting():
+                break
+            await asyncio.sleep(POLL_S)
+            try:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for key in pending.values():
+                        pipe.exists(self._mark(key))
+                    held = await pipe.execute()
+            except (RedisError, OSError) as exc:
+                self._failopen.failed("wait", exc)
+                break
+            for i, still in zip(list(pending), held, strict=True):
+                if not still:
+                    gone.add(i)
+                    del pending[i]
+        return gone
