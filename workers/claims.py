@@ -9,17 +9,20 @@ instead of decoding it again.
 
 Redis layout (``P`` = the process's key prefix)::
 
-    P:cache:busy:<key>   string, TTL claim_ttl_s: the claiming worker's
-                         token, set when its decode starts and deleted once
-                         the answer was stored in the cache (or failed)
+    P:cache:busy:<key>   string, TTL claim_ttl_s: ``<lane>:<token>`` of the
+                         claiming worker, set when its decode starts and
+                         deleted once the answer was stored in the cache
+                         (or failed)
 
+A worker waits only on a worker of its own lane or a faster one: a
+realtime copy never waits for a bulk batch to finish; it decodes its own.
 A waiting request looks for the answer once the mark is gone: the claimer
 stores before it lets go, so a miss then means its decode failed or gave
 nothing the cache keeps, and the request runs on its own. It also stops
 waiting, and runs, once half the time left before its deadline (when it
 was claimed) has passed, or when the mark outlives its TTL (a worker that
-died mid-decode). A worker only waits on a mark while it decodes its own
-batch, so two workers that each hold what the other wants both go on.
+died mid-decode). A worker lets its marks go as soon as its own decode
+ends, before it waits on anyone's, so no two workers wait on each other.
 
 Redis trouble never fails a request (``streams.stores.failopen``): a claim
 that cannot be made is a claim of one's own, a wait that cannot ask runs.
@@ -36,6 +39,7 @@ from collections.abc import Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from schemas.messages import Lane
 from streams.stores.failopen import FailOpen
 
 __all__ = ["DecodeClaims"]
@@ -44,6 +48,9 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.05
 """How often a waiting request asks whether its mark is gone."""
+
+SPEED = {Lane.REALTIME: 0, Lane.MEDIUM: 1, Lane.BULK: 2}
+"""Lanes from the fastest: a worker waits on marks of its rank or lower."""
 
 # KEYS: marks. ARGV: token. Deletes only the marks this worker still holds:
 # one that expired and was claimed again by another worker stays.
@@ -61,32 +68,51 @@ return n
 class DecodeClaims:
     """The answer keys one worker is decoding, marked in Redis."""
 
-    def __init__(self, client: aioredis.Redis, *, prefix: str, ttl_s: float) -> None:
+    def __init__(self, client: aioredis.Redis, *, prefix: str, ttl_s: float, lane: Lane) -> None:
         self._redis = client
         self._prefix = f"{prefix}:cache:busy:"
         self._ttl_ms = max(1, int(ttl_s * 1000))
-        self._token = uuid.uuid4().hex
+        self._lane = lane
+        self._token = f"{lane}:{uuid.uuid4().hex}"
         self._release = client.register_script(_RELEASE)
         self._failopen = FailOpen("decode claims", log=log, label="claims")
 
     def _mark(self, key: str) -> str:
         return self._prefix + key
 
-    async def claim(self, keys: Sequence[str]) -> set[str]:
-        """Mark ``keys`` as decoded here; the ones another worker marked
-        first (they stay theirs). One round trip."""
+    async def claim(self, keys: Sequence[str]) -> tuple[set[str], set[str]]:
+        """Mark ``keys`` as decoded here, in one round trip. Returns the
+        ones now this worker's, and the ones a worker of this lane or a
+        faster one marked first, to wait on. The rest (marked by a slower
+        lane, or Redis failed) are decoded here, unmarked."""
         if not keys or self._failopen.resting():
-            return set()
+            return set(), set()
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key in keys:
                     pipe.set(self._mark(key), self._token, nx=True, px=self._ttl_ms)
-                taken = await pipe.execute()
+                    pipe.get(self._mark(key))
+                replies = await pipe.execute()
         except (RedisError, OSError) as exc:
             self._failopen.failed("claim", exc)
-            return set()
+            return set(), set()
         self._failopen.answered()
-        return {key for key, ok in zip(keys, taken, strict=True) if not ok}
+        mine: set[str] = set()
+        theirs: set[str] = set()
+        for key, taken, holder in zip(keys, replies[::2], replies[1::2], strict=True):
+            if taken:
+                mine.add(key)
+            elif holder is not None and self._no_slower(holder):
+                theirs.add(key)
+        return mine, theirs
+
+    def _no_slower(self, holder: bytes | str) -> bool:
+        text = holder.decode() if isinstance(holder, bytes) else holder
+        try:
+            lane = Lane(text.split(":", 1)[0])
+        except ValueError:
+            return False
+        return SPEED[lane] <= SPEED[self._lane]
 
     async def release(self, keys: Sequence[str]) -> None:
         """Let go of the marks on ``keys`` that are still this worker's."""

@@ -630,14 +630,14 @@ class LaneWorker:
 
     async def _claim(self, ours: dict[int, str | None], marked: list[str]) -> dict[int, str]:
         """Mark the questions this batch is about to decode as this worker's
-        (added to ``marked``); of ``ours``, the ones another worker marked
-        first (index: answer key)."""
+        (added to ``marked``); of ``ours``, the ones to wait for, which a
+        worker of this lane or a faster one marked first (index: answer key)."""
         keys = {i: key for i, key in ours.items() if key is not None}
         if self.claims is None or not keys:
             return {}
-        held = await self.claims.claim(list(keys.values()))
-        marked += [key for key in keys.values() if key not in held]
-        return {i: key for i, key in keys.items() if key in held}
+        mine, theirs = await self.claims.claim(list(keys.values()))
+        marked += [key for key in keys.values() if key in mine]
+        return {i: key for i, key in keys.items() if key in theirs}
 
     async def _hand_over(self, finished: Sequence[Finished], marked: list[str]) -> None:
         """Store the answers to the questions this batch marked, then let

@@ -49,7 +49,9 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         else None
     )
     claims = (
-        DecodeClaims(redis, prefix=settings.redis.key_prefix, ttl_s=settings.cache.claim_ttl_s)
+        DecodeClaims(
+            redis, prefix=settings.redis.key_prefix, ttl_s=settings.cache.claim_ttl_s, lane=lane
+        )
         if cache is not None and settings.cache.claim_ttl_s > 0
         else None
     )

@@ -66,8 +66,9 @@ async def started(stack: Stack, lane: Lane, executor: CountingExecutor) -> LaneW
     """A worker as ``laneway worker`` builds it: the cache, its marks, and the
     hook that stores its answers."""
     own = stack.settings
-    cache = ResponseCache(stack.redis, own.cache, key_prefix=own.redis.key_prefix, embedder=None)
-    claims = DecodeClaims(stack.redis, prefix=own.redis.key_prefix, ttl_s=own.cache.claim_ttl_s)
+    prefix = own.redis.key_prefix
+    cache = ResponseCache(stack.redis, own.cache, key_prefix=prefix, embedder=None)
+    claims = DecodeClaims(stack.redis, prefix=prefix, ttl_s=own.cache.claim_ttl_s, lane=lane)
     worker = LaneWorker(
         own, lane, executor=executor, on_answered=Remember(cache, None), cache=cache, claims=claims
     )
@@ -75,39 +76,47 @@ async def started(stack: Stack, lane: Lane, executor: CountingExecutor) -> LaneW
     return worker
 
 
+async def until_started(executor: CountingExecutor) -> None:
+    for _ in range(100):
+        if executor.ran:
+            return
+        await asyncio.sleep(0.05)
+
+
 async def one_question_on_two_workers(
-    stack: Stack, first_backend: BackendSettings, deadline_in_ms: int | None = None
+    stack: Stack,
+    first_backend: BackendSettings,
+    deadline_in_ms: int | None = None,
+    lanes: tuple[Lane, Lane] = (Lane.REALTIME, Lane.MEDIUM),
 ) -> tuple[list[str], CountingExecutor, dict[str, InferenceResult]]:
-    """ "ping" on the realtime lane, decoded by a worker that holds its batch
-    until told; "PING" (one question to the cache) on the medium lane, taken
-    by a second worker while the first decodes. Returns what the second had
+    """ "ping" on the first lane, decoded by a worker that holds its batch
+    until told; "PING" (one question to the cache) on the second, taken by
+    a second worker while the first decodes. Returns what the second had
     started by the time the first was let go, its executor and the results."""
     own = stack.settings
-    held = HeldExecutor(Lane.REALTIME, backend_slots(first_backend))
-    counting = CountingExecutor(Lane.MEDIUM, backend_slots(RULES))
-    realtime = await started(stack, Lane.REALTIME, held)
-    medium = await started(stack, Lane.MEDIUM, counting)
+    held = HeldExecutor(lanes[0], backend_slots(first_backend))
+    counting = CountingExecutor(lanes[1], backend_slots(RULES))
+    first = await started(stack, lanes[0], held)
+    second = await started(stack, lanes[1], counting)
     try:
-        await produce_to_lane(own, routed_now(ask("first", "ping"), own.replies_topic))
-        decoding = asyncio.create_task(realtime.process(await fetch_lane_records(realtime, 1)))
-        for _ in range(100):
-            if held.ran:
-                break
-            await asyncio.sleep(0.05)
-        second = ask("second", "PING")
+        await produce_to_lane(
+            own, routed_now(ask("first", "ping"), own.replies_topic, lane=lanes[0])
+        )
+        decoding = asyncio.create_task(first.process(await fetch_lane_records(first, 1)))
+        await until_started(held)
         routed = routed_now(
-            second, own.replies_topic, lane=Lane.MEDIUM, deadline_in_ms=deadline_in_ms
+            ask("second", "PING"), own.replies_topic, lane=lanes[1], deadline_in_ms=deadline_in_ms
         )
         await produce_to_lane(own, routed)
-        records = await fetch_lane_records(medium, 1)
-        waiting = asyncio.create_task(medium.process(records))
+        waiting = asyncio.create_task(second.process(await fetch_lane_records(second, 1)))
         await asyncio.sleep(1.0)  # time enough to start decoding, were it to
         seen = list(counting.ran)
         held.release.set()
         await asyncio.gather(decoding, waiting)
     finally:
-        await realtime.close()
-        await medium.close()
+        held.release.set()
+        await first.close()
+        await second.close()
     return seen, counting, await results_by_id(own)
 
 
@@ -120,11 +129,16 @@ async def test_a_question_another_worker_decodes_waits_for_its_answer(stack: Sta
     assert results["second"].path == Path.CACHE
     assert results["second"].model == f"cache:exact:{results['first'].model}"
     assert results["second"].lane == Lane.MEDIUM
-    left = [
-        key
-        async for key in stack.redis.scan_iter(f"{stack.settings.redis.key_prefix}:cache:busy:*")
-    ]
+    prefix = stack.settings.redis.key_prefix
+    left = [key async for key in stack.redis.scan_iter(f"{prefix}:cache:busy:*")]
     assert left == [], "every mark let go once its answer was stored"
+
+
+async def test_a_realtime_copy_never_waits_for_a_slower_lane(stack: Stack) -> None:
+    lanes = (Lane.MEDIUM, Lane.REALTIME)
+    seen, _, results = await one_question_on_two_workers(stack, RULES, lanes=lanes)
+    assert seen == ["second"], "it decodes its own at once"
+    assert results["second"].status == "ok" and results["second"].path == Path.LIGHT
 
 
 async def test_a_failed_decode_on_another_worker_hands_nothing_on(stack: Stack) -> None:
@@ -146,61 +160,61 @@ async def test_a_request_waits_at_most_half_the_time_its_deadline_leaves(stack: 
 
 async def test_a_mark_goes_when_its_decode_ends_not_when_its_batch_does(stack: Stack) -> None:
     # The medium batch decodes "hello" and waits for "ping", which the
-    # realtime worker holds. A second realtime batch asking "Hello" gets the
-    # medium answer meanwhile: had the medium batch kept its mark until it
-    # ended, the two workers would each wait on the other.
+    # realtime worker holds. A bulk request asking "Hello" gets the medium
+    # answer meanwhile: had the medium batch kept its mark (or its answer)
+    # until it ended, the bulk one would wait for "ping" too, and two
+    # workers that hold what the other wants would each wait on the other.
     own = stack.settings
     held = HeldExecutor(Lane.REALTIME, backend_slots(RULES))
     counting = CountingExecutor(Lane.MEDIUM, backend_slots(RULES))
+    last = CountingExecutor(Lane.BULK, backend_slots(RULES))
     realtime = await started(stack, Lane.REALTIME, held)
     medium = await started(stack, Lane.MEDIUM, counting)
+    bulk = await started(stack, Lane.BULK, last)
     try:
-        await produce_to_lane(own, routed_now(ask("r1", "ping"), own.replies_topic))
+        await produce_to_lane(own, routed_now(ask("r", "ping"), own.replies_topic))
         decoding = asyncio.create_task(realtime.process(await fetch_lane_records(realtime, 1)))
-        for _ in range(100):
-            if held.ran:
-                break
-            await asyncio.sleep(0.05)
+        await until_started(held)
         for rid, prompt in (("m1", "hello"), ("m2", "PING")):
             routed = routed_now(ask(rid, prompt), own.replies_topic, lane=Lane.MEDIUM)
             await produce_to_lane(own, routed)
         both = asyncio.create_task(medium.process(await fetch_lane_records(medium, 2)))
-        for _ in range(100):
-            if counting.ran:
-                break
-            await asyncio.sleep(0.05)
-        await produce_to_lane(own, routed_now(ask("r2", "Hello"), own.replies_topic))
-        second = realtime.process(await fetch_lane_records(realtime, 1))
-        await asyncio.wait_for(second, timeout=10)
-        assert held.ran == ["r1"], "the second realtime batch decodes nothing"
+        await until_started(counting)
+        routed = routed_now(ask("b", "Hello"), own.replies_topic, lane=Lane.BULK)
+        await produce_to_lane(own, routed)
+        await asyncio.wait_for(bulk.process(await fetch_lane_records(bulk, 1)), timeout=10)
+        assert last.ran == [], "the bulk worker decodes nothing"
         assert not decoding.done() and not both.done()
         held.release.set()
         await asyncio.gather(decoding, both)
     finally:
         held.release.set()
-        await realtime.close()
-        await medium.close()
+        for worker in (realtime, medium, bulk):
+            await worker.close()
     results = await results_by_id(own)
     assert counting.ran == ["m1"]
     assert all(r.status == "ok" for r in results.values())
-    assert results["r2"].path == results["m2"].path == Path.CACHE
-    assert results["r2"].output == results["m1"].output
+    assert results["b"].path == results["m2"].path == Path.CACHE
+    assert results["b"].output == results["m1"].output
 
 
 async def test_a_mark_left_by_a_dead_worker_holds_no_longer_than_its_ttl(stack: Stack) -> None:
     own = stack.settings
     request = ask("m", "ping")
-    key = cache_key(request, own.cache, context_digest([]))
-    await stack.redis.set(f"{own.redis.key_prefix}:cache:busy:{key}", "dead", px=1_500)
-    marked_at = time.monotonic()
+    mark = f"{own.redis.key_prefix}:cache:busy:{cache_key(request, own.cache, context_digest([]))}"
     counting = CountingExecutor(Lane.MEDIUM, backend_slots(RULES))
     medium = await started(stack, Lane.MEDIUM, counting)
     try:
         await produce_to_lane(own, routed_now(request, own.replies_topic, lane=Lane.MEDIUM))
-        await medium.process(await fetch_lane_records(medium, 1))
+        records = await fetch_lane_records(medium, 1)
+        # A medium worker's mark (a worker that died mid-decode), 1.5 s to live.
+        await stack.redis.set(mark, "medium:gone", px=1_500)
+        began = time.monotonic()
+        await medium.process(records)
+        took = time.monotonic() - began
     finally:
         await medium.close()
-    assert time.monotonic() - marked_at >= 1.4, "it waited for the mark"
+    assert took >= 1.3, "it waited for the mark"
     assert counting.ran == ["m"], "then ran its own"
     result = (await results_by_id(own))["m"]
     assert result.status == "ok" and result.path == Path.LIGHT
