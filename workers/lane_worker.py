@@ -67,7 +67,8 @@ redelivered batch calls it again."""
 COALESCED = Counter(
     "laneway_cache_late_hits_total",
     "Requests a worker answered without a model: an identical one was answered as they "
-    "waited (from the cache), in the same batch, or in a batch in flight before theirs",
+    "waited (from the cache), in the same batch, in a batch in flight before theirs, "
+    "or on another worker",
     ["lane"],
 )
 
@@ -666,11 +667,11 @@ class LaneWorker:
         come and the request runs here."""
         assert self.claims is not None and self.cache is not None
         now, now_ms = time.monotonic(), int(time.time() * 1000)
-        patience = {}
+        patience: dict[int, float] = {}
         for i in theirs:
             left_ms = leaders[i][1].remaining_ms(now_ms)
-            ttl_s = self.settings.cache.claim_ttl_s
-            patience[i] = now + (ttl_s if left_ms is None else max(0.0, left_ms) / 2000)
+            at_most_s = self.settings.cache.claim_ttl_s if left_ms is None else left_ms / 2000
+            patience[i] = now + max(0.0, at_most_s)
         gone = sorted(await self.claims.wait(theirs, patience))
         hits = await asyncio.gather(*(self._look_up(leaders[i][1]) for i in gone))
         found = {i: hit for i, hit in zip(gone, hits, strict=True) if hit is not None}

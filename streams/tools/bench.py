@@ -63,6 +63,8 @@ class Sample:
     finished_at: float
     inference_ms: float = 0.0
     """Model time of the batch that answered it (0 for cache and rules)."""
+    code: str = ""
+    """The error code of a failed one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +253,7 @@ async def drive(
                         batch_size=result.timings.batch_size,
                         finished_at=done,
                         inference_ms=result.timings.inference_ms,
+                        code=result.error.code if result.error else "",
                     )
                 )
 

@@ -15,13 +15,15 @@ import argparse
 import asyncio
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.messages import Lane
 from schemas.settings import Settings
 from streams.tools.bench import RULE_PROMPTS, Sample, _percentile, drive
 
-__all__ = ["CompareRow", "compare", "hybrid_workload"]
+__all__ = ["CompareRow", "compare", "format_compare", "hybrid_workload", "run_once"]
 
 FAQ_PROMPTS = [
     "How do I reset my password?",
@@ -88,6 +90,8 @@ class CompareRow:
     model_s: dict[str, float]
     """Per model path, the model time its answers took, in seconds. A batch's
     time is shared by its requests, so a batch of four counts once."""
+    codes: dict[str, int]
+    """The errors by code."""
 
 
 def _row(engine: str, samples: list[Sample], started: float, lost: int) -> CompareRow:
@@ -109,23 +113,32 @@ def _row(engine: str, samples: list[Sample], started: float, lost: int) -> Compa
             for path in ("light", "heavy")
             if any(s.path == path for s in samples)
         },
+        codes=dict(Counter(s.code for s in samples if s.status != "ok")),
     )
 
 
-def _run_once(
-    settings: Settings, engine: str, env: dict[str, str], args: argparse.Namespace
+def run_once(
+    settings: Settings,
+    engine: str,
+    env: dict[str, str],
+    args: argparse.Namespace,
+    requests: Sequence[dict[str, Any]],
+    lanes: tuple[Lane, ...] = tuple(Lane),
 ) -> CompareRow:
+    """``requests`` through an embedded stack of its own (``env`` added to
+    its processes' environment, a worker per entry of ``lanes``), at
+    ``args.concurrency`` in flight through ``args.client``."""
     from streams.tools.supervisor import Stack
 
     stack = Stack(
         settings,
         http_port_base=None,
         use_external_redis="url" in settings.redis.model_fields_set,
+        lanes=lanes,
         child_env={"LANEWAY_REDIS_KEY_PREFIX": f"bench-{engine}-{os.getpid()}", **env},
     )
     stack.start(ready_timeout_s=300)
     try:
-        requests = hybrid_workload(args.requests, args.max_tokens)
         samples, started, lost = asyncio.run(
             drive(
                 stack.settings,
@@ -155,13 +168,19 @@ def format_compare(rows: list[CompareRow]) -> str:
             f"{r.engine:8} {r.count:4d} {r.errors:4d} {r.lost:4d} {r.seconds:7.1f} "
             f"{r.throughput_rps:7.2f} {r.p50_ms:9.1f} {r.p99_ms:9.1f}  {paths}"
         )
+    for r in rows:
+        if r.codes:
+            codes = ", ".join(f"{code or '-'} {n}" for code, n in sorted(r.codes.items()))
+            lines.append(f"{r.engine} errors: {codes}")
     return "\n".join(lines)
 
 
 def compare(settings: Settings, args: argparse.Namespace) -> int:
     """Run both engines on one workload and print the table and the ratios."""
-    hybrid = _run_once(settings, "hybrid", {}, args)
-    heavy = _run_once(settings, "heavy", {"LANEWAY_ROUTING_FORCE_PATH": "heavy"}, args)
+    requests = hybrid_workload(args.requests, args.max_tokens)
+    hybrid = run_once(settings, "hybrid", {}, args, requests)
+    forced = {"LANEWAY_ROUTING_FORCE_PATH": "heavy"}
+    heavy = run_once(settings, "heavy", forced, args, requests)
     print(
         f"\nlaneway bench --compare: {args.requests} requests "
         f"(50% rule-able or repeated, 30% simple, 20% hard), "

@@ -103,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
         help="hybrid engine vs every request on the heavy path, two embedded stacks in one run",
     )
     bench.add_argument(
+        "--burst",
+        type=int,
+        metavar="N",
+        help="four questions N times each at once, with and without decode marks, "
+        "two embedded stacks in one run",
+    )
+    bench.add_argument(
         "--realtime-workers",
         type=int,
         default=1,
@@ -374,6 +381,11 @@ def _bench(settings: Settings, args: argparse.Namespace) -> int:
         from streams.tools.bench_compare import compare
 
         return compare(settings, args)
+
+    if args.burst:
+        from streams.tools.bench_burst import burst
+
+        return burst(settings, args)
 
     if args.classifier:
         from streams.tools.bench_classifier import run_classifier_bench

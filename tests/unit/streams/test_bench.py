@@ -13,6 +13,7 @@ from streams.tools.bench import (
     step_row,
     summarize,
 )
+from streams.tools.bench_burst import QUESTIONS, burst_workload
 from streams.tools.cli import _parser
 
 
@@ -118,3 +119,14 @@ def test_the_command_line_offers_every_client(capsys: pytest.CaptureFixture[str]
         _parser().parse_args(["bench", "--client", "nope"])
     offered = capsys.readouterr().err.rsplit("choose from ", 1)[1]
     assert offered.strip().rstrip(")") == ", ".join(repr(kind) for kind in CLIENTS)
+
+
+def test_burst_workload_asks_each_question_n_times_the_first_copy_for_realtime() -> None:
+    requests = burst_workload(6, max_tokens=64, realtime_deadline_ms=3_000)
+    assert len(requests) == 6 * len(QUESTIONS)
+    for prompt in QUESTIONS:
+        copies = [r for r in requests if r["prompt"] == prompt]
+        assert len(copies) == 6
+        assert sum(r.get("deadline_ms") == 3_000 for r in copies) == 1
+        assert all(r["temperature"] == 0.0 and r["max_tokens"] == 64 for r in copies)
+    assert _parser().parse_args(["bench", "--burst", "6"]).burst == 6

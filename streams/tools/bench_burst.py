@@ -1,0 +1,85 @@
+"""``laneway bench --burst N``: a burst of repeated questions, with the
+decode marks (``workers.claims``) and without, side by side in one run.
+
+Four questions none of the caches has seen are each asked ``N`` times at
+once, the first copy of each with a deadline that asks for realtime (more
+would be refused: the realtime lane holds a batch of two), the rest left
+to the router, through an embedded stack with two medium workers (so that
+copies reach several workers: realtime, both medium ones, bulk). The same
+burst then goes through a stack whose workers set no marks
+(``LANEWAY_CACHE_CLAIM_TTL_S=0``), each decoding its own copy. Counted:
+how many answers a model decoded, how many came from the cache, and the
+burst's latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from schemas.messages import Lane
+from schemas.settings import Settings
+from streams.tools.bench_compare import CompareRow, format_compare, run_once
+
+__all__ = ["burst", "burst_workload"]
+
+QUESTIONS = [
+    "What is the capital of Norway?",
+    "What language is spoken in Peru?",
+    "Which continent is Kenya in?",
+    "What is the capital of Japan?",
+]
+LANES = (Lane.REALTIME, Lane.MEDIUM, Lane.MEDIUM, Lane.BULK)
+"""Two medium workers in one group: copies keyed to either partition."""
+
+
+def burst_workload(copies: int, max_tokens: int, realtime_deadline_ms: int) -> list[dict[str, Any]]:
+    """``copies`` of each question, interleaved; the first copy of each
+    asks for realtime by its deadline."""
+    requests: list[dict[str, Any]] = []
+    for copy in range(copies):
+        for prompt in QUESTIONS:
+            request: dict[str, Any] = {
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+            }
+            if copy == 0:
+                request["deadline_ms"] = realtime_deadline_ms
+            requests.append(request)
+    return requests
+
+
+def _decoded(row: CompareRow) -> int:
+    """Answers a model decoded (a failed request has no path)."""
+    return sum(row.paths.get(path, 0) for path in ("light", "heavy"))
+
+
+def burst(settings: Settings, args: argparse.Namespace) -> int:
+    """Run the burst with marks and without; print the table and the ratio
+    of model decodes."""
+    partitions = max(2, settings.kafka.partitions)
+    kafka = settings.kafka.model_copy(update={"partitions": partitions})
+    settings = settings.model_copy(update={"kafka": kafka})
+    requests = burst_workload(
+        args.burst, args.max_tokens, settings.routing.realtime_max_deadline_ms
+    )
+    args.concurrency = len(requests)  # all at once
+    env = {"LANEWAY_KAFKA_PARTITIONS": str(partitions)}
+    marked = run_once(settings, "marks", env, args, requests, LANES)
+    unmarked = run_once(
+        settings, "no-marks", {**env, "LANEWAY_CACHE_CLAIM_TTL_S": "0"}, args, requests, LANES
+    )
+    print(
+        f"\nlaneway bench --burst {args.burst}: {len(QUESTIONS)} questions x {args.burst} copies "
+        f"at once (the first of each asks for realtime), max_tokens {args.max_tokens}, "
+        f"workers {', '.join(LANES)}, {partitions} partitions"
+    )
+    print(format_compare([marked, unmarked]))
+    with_marks, without = _decoded(marked), _decoded(unmarked)
+    print(
+        f"\nmodel decodes: {with_marks} with marks, {without} without "
+        f"({without / max(with_marks, 1):.2f}x); p50 {marked.p50_ms:.0f} ms against "
+        f"{unmarked.p50_ms:.0f} ms, p99 {marked.p99_ms:.0f} ms against {unmarked.p99_ms:.0f} ms"
+    )
+    return 1 if marked.lost or unmarked.lost else 0
