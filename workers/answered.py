@@ -1,8 +1,9 @@
 """What a lane worker remembers of each answer once it is acknowledged:
-the response cache entry and the session's new turn. Both stores are
-idempotent (cache keys are the normalised request, session turns carry
-the request id), so a redelivered batch writes nothing twice; both fail
-open, so a missing Redis costs answers nothing."""
+the session's new turn (the response cache entry is stored as soon as the
+answer is decoded: ``LaneWorker._keep``). Both stores are idempotent
+(cache keys are the normalised request, session turns carry the request
+id), so a redelivered batch writes nothing twice; both fail open, so a
+missing Redis costs answers nothing."""
 
 from __future__ import annotations
 
@@ -12,19 +13,18 @@ from collections.abc import Sequence
 from schemas.errors import ErrorCode
 from schemas.messages import InferenceResult, Lane, Path, QualityEvent, RoutedRequest, Timings
 from schemas.settings import Settings
-from streams.cache.response import CacheHit, ResponseCache
+from streams.cache.response import CacheHit
 from streams.kafka.envelopes import Outbound
-from streams.stores.sessions import SessionStore, context_digest
+from streams.stores.sessions import SessionStore
 from workers.execution import Finished
 
 __all__ = ["Remember", "answer_from_cache", "attempt_event", "attempt_events", "cached_result"]
 
 
 class Remember:
-    """The ``on_answered`` hook of a lane worker."""
+    """The ``on_answered`` hook of a lane worker: the session turns."""
 
-    def __init__(self, cache: ResponseCache | None, sessions: SessionStore | None) -> None:
-        self.cache = cache
+    def __init__(self, sessions: SessionStore | None) -> None:
         self.sessions = sessions
 
     async def __call__(self, answers: Sequence[tuple[RoutedRequest, InferenceResult]]) -> None:
@@ -32,9 +32,6 @@ class Remember:
             if result.status != "ok" or not result.output:
                 continue
             request = routed.request
-            if self.cache is not None:
-                context = context_digest(routed.history)
-                await self.cache.store(request, result, context)
             if self.sessions is not None and request.session_id:
                 await self.sessions.append(
                     request.session_id, request.id, request.user_text(), result.output

@@ -60,9 +60,13 @@ __all__ = ["AnsweredHook", "LaneWorker", "reported_backlog"]
 log = logging.getLogger(__name__)
 
 AnsweredHook = Callable[[Sequence[tuple[RoutedRequest, InferenceResult]]], Awaitable[None]]
-"""Called with a batch's fresh answers once they are acknowledged (cache
-store, session history). It must not raise and must be idempotent: a
+"""Called with a batch's fresh answers once they are acknowledged (session
+history; the worker itself stores model answers in the cache as soon as
+they are decoded). It must not raise and must be idempotent: a
 redelivered batch calls it again."""
+
+STORES_AT_ONCE = 32
+"""Cache stores a worker has in flight at once (a bulk batch may be large)."""
 
 COALESCED = Counter(
     "laneway_cache_late_hits_total",
@@ -541,10 +545,8 @@ class LaneWorker:
             joining = asyncio.create_task(self._join(theirs, leaders)) if theirs else None
             finished = await self.executor.execute([leaders[i][1] for i in mine]) if mine else []
             self.in_flight.settle([ours[i] for i in mine], [item.result for item in finished])
-            claimed = set(marked)
-            await self._hand_over(
-                [item for i, item in zip(mine, finished, strict=True) if ours[i] in claimed], marked
-            )
+            await self._keep(finished)
+            await self._let_go(marked)  # the workers waiting on them find them now
             joined = await joining if joining is not None else {}  # another worker's, cached
         except BaseException:
             if joining is not None:
@@ -578,6 +580,7 @@ class LaneWorker:
             COALESCED.labels(self.lane).inc(len(sharing) - len(alone))
         if alone:  # the leader failed (or another worker's answer never came): each runs on its own
             more = await self.executor.execute([routed for _, routed in alone])
+            await self._keep(more)
             finished += more
             keys += [key for key, _ in alone]
             answers += [
@@ -640,23 +643,26 @@ class LaneWorker:
         marked += [key for key in keys.values() if key in mine]
         return {i: key for i, key in keys.items() if key in theirs}
 
-    async def _hand_over(self, finished: Sequence[Finished], marked: list[str]) -> None:
-        """Store the answers to the questions this batch marked, then let
-        the marks go: the workers waiting on them find them now, not when
-        this batch ends (each batch waits on others' marks while holding
-        its own, so holding them longer could make two wait on each
-        other). ``on_answered`` stores them again later (idempotent)."""
-        if self.cache is not None and marked:
-            cache = self.cache
+    async def _keep(self, finished: Sequence[Finished]) -> None:
+        """Store the answers just decoded in the response cache (it keeps
+        only what is safe to replay), before their batch is produced: a
+        copy of the question on another worker, waiting on this worker's
+        mark, finds its answer as soon as the decode ends. Each batch waits
+        on others' marks while holding its own, so keeping answers until
+        the batch ends could make two workers wait on each other."""
+        if self.cache is None:
+            return
+        cache = self.cache
+        live = [item for item in finished if not item.routed.shadow]  # a shadow joins no cache
+        for start in range(0, len(live), STORES_AT_ONCE):
             await asyncio.gather(
                 *(
                     cache.store(
                         item.routed.request, item.result, context_digest(item.routed.history)
                     )
-                    for item in finished
+                    for item in live[start : start + STORES_AT_ONCE]
                 )
             )
-        await self._let_go(marked)
 
     async def _join(
         self, theirs: dict[int, str], leaders: Sequence[tuple[RecordKey, RoutedRequest]]

@@ -1,6 +1,6 @@
 """``laneway worker --lane L``: one lane worker with its Redis-backed parts
-(result store, backlog board, worker board, response cache writes, session
-turns), run until SIGTERM/SIGINT."""
+(result store, backlog board, worker board, response cache writes, decode
+marks, session turns), run until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         state,
         store=store,
         board=board,
-        on_answered=Remember(cache, sessions),
+        on_answered=Remember(sessions),
         cache=cache,
         workers=workers,
         claims=claims,

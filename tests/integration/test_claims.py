@@ -70,7 +70,7 @@ async def started(stack: Stack, lane: Lane, executor: CountingExecutor) -> LaneW
     cache = ResponseCache(stack.redis, own.cache, key_prefix=prefix, embedder=None)
     claims = DecodeClaims(stack.redis, prefix=prefix, ttl_s=own.cache.claim_ttl_s, lane=lane)
     worker = LaneWorker(
-        own, lane, executor=executor, on_answered=Remember(cache, None), cache=cache, claims=claims
+        own, lane, executor=executor, on_answered=Remember(None), cache=cache, claims=claims
     )
     await worker.start()
     return worker
