@@ -27,7 +27,6 @@ from tests.integration.test_coalesce import (
     ask,
     results_by_id,
 )
-from workers.answered import Remember
 from workers.claims import DecodeClaims
 from workers.execution import backend_slots
 from workers.lane_worker import LaneWorker
@@ -63,15 +62,13 @@ async def stack(settings: Settings) -> AsyncIterator[Stack]:
 
 
 async def started(stack: Stack, lane: Lane, executor: CountingExecutor) -> LaneWorker:
-    """A worker as ``laneway worker`` builds it: the cache, its marks, and the
-    hook that stores its answers."""
+    """A worker as ``laneway worker`` builds it: the cache it stores its
+    answers in, and its marks."""
     own = stack.settings
     prefix = own.redis.key_prefix
     cache = ResponseCache(stack.redis, own.cache, key_prefix=prefix, embedder=None)
     claims = DecodeClaims(stack.redis, prefix=prefix, ttl_s=own.cache.claim_ttl_s, lane=lane)
-    worker = LaneWorker(
-        own, lane, executor=executor, on_answered=Remember(None), cache=cache, claims=claims
-    )
+    worker = LaneWorker(own, lane, executor=executor, cache=cache, claims=claims)
     await worker.start()
     return worker
 
