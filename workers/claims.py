@@ -39,8 +39,10 @@ from collections.abc import Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from schemas.messages import Lane
+from schemas.messages import Lane, RoutedRequest
+from streams.cache.response import CacheHit, ResponseCache
 from streams.stores.failopen import FailOpen
+from streams.stores.sessions import context_digest
 
 __all__ = ["DecodeClaims"]
 
@@ -71,6 +73,7 @@ class DecodeClaims:
     def __init__(self, client: aioredis.Redis, *, prefix: str, ttl_s: float, lane: Lane) -> None:
         self._redis = client
         self._prefix = f"{prefix}:cache:busy:"
+        self._ttl_s = ttl_s
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._lane = lane
         self._token = f"{lane}:{uuid.uuid4().hex}"
@@ -79,6 +82,45 @@ class DecodeClaims:
 
     def _mark(self, key: str) -> str:
         return self._prefix + key
+
+    async def mark(self, keys: dict[int, str | None], marked: list[str]) -> dict[int, str]:
+        """Of a batch's requests about to be decoded (index: answer key,
+        ``None`` for one whose answer is its own), mark the ones no worker
+        holds as this one's (added to ``marked``); the ones to wait for
+        instead (``claim``)."""
+        shareable = {i: key for i, key in keys.items() if key is not None}
+        if not shareable:
+            return {}
+        mine, theirs = await self.claim(list(shareable.values()))
+        marked += [key for key in shareable.values() if key in mine]
+        return {i: key for i, key in shareable.items() if key in theirs}
+
+    async def let_go(self, marked: list[str]) -> None:
+        """``release`` the marks in ``marked`` and empty it: a second call
+        does nothing."""
+        keys = list(marked)
+        marked.clear()
+        await self.release(keys)
+
+    async def join(
+        self, theirs: dict[int, str], requests: dict[int, RoutedRequest], cache: ResponseCache
+    ) -> dict[int, CacheHit | None]:
+        """Wait for the answers to ``theirs`` (index: answer key) to reach
+        the cache, each request no longer than half the time its deadline
+        leaves it (no deadline: the mark's TTL); ``None`` where the answer
+        did not come and the request must run here."""
+        now, now_ms = time.monotonic(), int(time.time() * 1000)
+        until: dict[int, float] = {}
+        for i in theirs:
+            left_ms = requests[i].remaining_ms(now_ms)
+            at_most_s = self._ttl_s if left_ms is None else left_ms / 2000
+            until[i] = now + max(0.0, at_most_s)
+        gone = sorted(await self.wait(theirs, until))
+        hits = await asyncio.gather(
+            *(cache.lookup(requests[i].request, context_digest(requests[i].history)) for i in gone)
+        )
+        found = dict(zip(gone, hits, strict=True))
+        return {i: found.get(i) for i in theirs}
 
     async def claim(self, keys: Sequence[str]) -> tuple[set[str], set[str]]:
         """Mark ``keys`` as decoded here, in one round trip. Returns the

@@ -540,9 +540,10 @@ class LaneWorker:
         joining: asyncio.Task[dict[int, InferenceResult | None]] | None = None
         marked: list[str] = []
         try:
-            theirs = await self._claim(ours, marked)
+            theirs = await self.claims.mark(ours, marked) if self.claims is not None else {}
             mine = [i for i in ours if i not in theirs]
-            joining = asyncio.create_task(self._join(theirs, leaders)) if theirs else None
+            if theirs:
+                joining = asyncio.create_task(self._join(theirs, leaders))
             finished = await self.executor.execute([leaders[i][1] for i in mine]) if mine else []
             self.in_flight.settle([ours[i] for i in mine], [item.result for item in finished])
             await self._keep(finished)
@@ -632,17 +633,6 @@ class LaneWorker:
             )
         return answers, parked, outbound
 
-    async def _claim(self, ours: dict[int, str | None], marked: list[str]) -> dict[int, str]:
-        """Mark the questions this batch is about to decode as this worker's
-        (added to ``marked``); of ``ours``, the ones to wait for, which a
-        worker of this lane or a faster one marked first (index: answer key)."""
-        keys = {i: key for i, key in ours.items() if key is not None}
-        if self.claims is None or not keys:
-            return {}
-        mine, theirs = await self.claims.claim(list(keys.values()))
-        marked += [key for key in keys.values() if key in mine]
-        return {i: key for i, key in keys.items() if key in theirs}
-
     async def _keep(self, finished: Sequence[Finished]) -> None:
         """Store the answers just decoded in the response cache (it keeps
         only what is safe to replay), before their batch is produced: a
@@ -667,32 +657,20 @@ class LaneWorker:
     async def _join(
         self, theirs: dict[int, str], leaders: Sequence[tuple[RecordKey, RoutedRequest]]
     ) -> dict[int, InferenceResult | None]:
-        """Wait for the answers other workers are decoding to reach the
-        cache, each request no longer than half the time its deadline
-        leaves it (``workers.claims``); ``None`` where the answer did not
-        come and the request runs here."""
+        """The answers other workers decoded for ``theirs`` (``None``: none
+        came; the request runs here), from the cache (``DecodeClaims.join``)."""
         assert self.claims is not None and self.cache is not None
-        now, now_ms = time.monotonic(), int(time.time() * 1000)
-        patience: dict[int, float] = {}
-        for i in theirs:
-            left_ms = leaders[i][1].remaining_ms(now_ms)
-            at_most_s = self.settings.cache.claim_ttl_s if left_ms is None else left_ms / 2000
-            patience[i] = now + max(0.0, at_most_s)
-        gone = sorted(await self.claims.wait(theirs, patience))
-        hits = await asyncio.gather(*(self._look_up(leaders[i][1]) for i in gone))
-        found = {i: hit for i, hit in zip(gone, hits, strict=True) if hit is not None}
+        requests = {i: leaders[i][1] for i in theirs}
+        hits = await self.claims.join(theirs, requests, self.cache)
         now_ms = int(time.time() * 1000)
         return {
-            i: cached_result(leaders[i][1], found[i], self.lane, now_ms) if i in found else None
-            for i in theirs
+            i: None if hit is None else cached_result(requests[i], hit, self.lane, now_ms)
+            for i, hit in hits.items()
         }
 
     async def _let_go(self, marked: list[str]) -> None:
-        """Release a batch's marks (``_claim``); a second call does nothing."""
-        if self.claims is not None and marked:
-            keys = list(marked)
-            marked.clear()
-            await self.claims.release(keys)
+        if self.claims is not None:
+            await self.claims.let_go(marked)
 
     async def _answered_meanwhile(
         self, fresh: Sequence[tuple[RecordKey, RoutedRequest]]
