@@ -40,9 +40,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from schemas.messages import Lane, RoutedRequest
-from streams.cache.response import CacheHit, ResponseCache
 from streams.stores.failopen import FailOpen
-from streams.stores.sessions import context_digest
 
 __all__ = ["DecodeClaims"]
 
@@ -102,25 +100,18 @@ class DecodeClaims:
         marked.clear()
         await self.release(keys)
 
-    async def join(
-        self, theirs: dict[int, str], requests: dict[int, RoutedRequest], cache: ResponseCache
-    ) -> dict[int, CacheHit | None]:
-        """Wait for the answers to ``theirs`` (index: answer key) to reach
-        the cache, each request no longer than half the time its deadline
-        leaves it (no deadline: the mark's TTL); ``None`` where the answer
-        did not come and the request must run here."""
+    async def outwait(self, theirs: dict[int, str], requests: dict[int, RoutedRequest]) -> set[int]:
+        """Wait while other workers hold ``theirs`` (index: answer key),
+        each request no longer than half the time its deadline leaves it
+        (no deadline: the mark's TTL); the indexes whose mark is gone, whose
+        answer the cache now has unless that decode failed."""
         now, now_ms = time.monotonic(), int(time.time() * 1000)
         until: dict[int, float] = {}
         for i in theirs:
             left_ms = requests[i].remaining_ms(now_ms)
             at_most_s = self._ttl_s if left_ms is None else left_ms / 2000
             until[i] = now + max(0.0, at_most_s)
-        gone = sorted(await self.wait(theirs, until))
-        hits = await asyncio.gather(
-            *(cache.lookup(requests[i].request, context_digest(requests[i].history)) for i in gone)
-        )
-        found = dict(zip(gone, hits, strict=True))
-        return {i: found.get(i) for i in theirs}
+        return await self.wait(theirs, until)
 
     async def claim(self, keys: Sequence[str]) -> tuple[set[str], set[str]]:
         """Mark ``keys`` as decoded here, in one round trip. Returns the

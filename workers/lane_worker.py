@@ -643,7 +643,11 @@ class LaneWorker:
         if self.cache is None:
             return
         cache = self.cache
-        live = [item for item in finished if not item.routed.shadow]  # a shadow joins no cache
+        live = [  # a shadow joins no cache; a failure is not offered to it
+            item
+            for item in finished
+            if not item.routed.shadow and item.result.status == "ok" and item.result.output
+        ]
         for start in range(0, len(live), STORES_AT_ONCE):
             await asyncio.gather(
                 *(
@@ -657,15 +661,18 @@ class LaneWorker:
     async def _join(
         self, theirs: dict[int, str], leaders: Sequence[tuple[RecordKey, RoutedRequest]]
     ) -> dict[int, InferenceResult | None]:
-        """The answers other workers decoded for ``theirs`` (``None``: none
-        came; the request runs here), from the cache (``DecodeClaims.join``)."""
-        assert self.claims is not None and self.cache is not None
+        """The answers other workers decoded for ``theirs``, from the cache
+        once their marks are gone (``DecodeClaims.outwait``); ``None``
+        where none came and the request runs here."""
+        assert self.claims is not None
         requests = {i: leaders[i][1] for i in theirs}
-        hits = await self.claims.join(theirs, requests, self.cache)
+        gone = sorted(await self.claims.outwait(theirs, requests))
+        hits = await asyncio.gather(*(self._look_up(requests[i]) for i in gone))
+        found = {i: hit for i, hit in zip(gone, hits, strict=True) if hit is not None}
         now_ms = int(time.time() * 1000)
         return {
-            i: None if hit is None else cached_result(requests[i], hit, self.lane, now_ms)
-            for i, hit in hits.items()
+            i: cached_result(requests[i], found[i], self.lane, now_ms) if i in found else None
+            for i in theirs
         }
 
     async def _let_go(self, marked: list[str]) -> None:
