@@ -26,6 +26,7 @@ from tests.integration.test_coalesce import (
     HeldExecutor,
     ask,
     results_by_id,
+    until_started,
 )
 from workers.claims import DecodeClaims
 from workers.execution import backend_slots
@@ -71,13 +72,6 @@ async def started(stack: Stack, lane: Lane, executor: CountingExecutor) -> LaneW
     worker = LaneWorker(own, lane, executor=executor, cache=cache, claims=claims)
     await worker.start()
     return worker
-
-
-async def until_started(executor: CountingExecutor) -> None:
-    for _ in range(100):
-        if executor.ran:
-            return
-        await asyncio.sleep(0.05)
 
 
 async def one_question_on_two_workers(

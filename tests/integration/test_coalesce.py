@@ -130,6 +130,14 @@ class HeldExecutor(CountingExecutor):
         return await Executor.execute(self, batch)
 
 
+async def until_started(executor: CountingExecutor) -> None:
+    """Until ``executor`` has started a request (at most 5 s)."""
+    for _ in range(100):
+        if executor.ran:
+            return
+        await asyncio.sleep(0.05)
+
+
 async def two_batches_in_flight(
     settings: Settings, backend: BackendSettings
 ) -> tuple[list[str], HeldExecutor, dict[str, InferenceResult]]:
@@ -143,10 +151,7 @@ async def two_batches_in_flight(
     try:
         by_id = {RoutedRequest.model_validate_json(r.value).request.id: r for r in records}
         first = asyncio.create_task(worker.process([by_id["first"]]))
-        for _ in range(100):
-            if executor.ran:
-                break
-            await asyncio.sleep(0.05)
+        await until_started(executor)
         second = asyncio.create_task(worker.process([by_id["second"]], after=first))
         await asyncio.sleep(0.5)  # time enough to start decoding, were it to
         started = list(executor.ran)
