@@ -19,6 +19,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path as FsPath
 from typing import Any, Protocol
 
 from schemas.messages import InferenceResult, Lane
@@ -400,11 +401,16 @@ async def overload(settings: Settings, args: argparse.Namespace) -> list[StepRow
 
 
 @contextlib.contextmanager
-def stack_for(settings: Settings, embedded: bool, realtime_workers: int = 1) -> Iterator[Settings]:
+def stack_for(
+    settings: Settings,
+    embedded: bool,
+    realtime_workers: int = 1,
+    log_path: FsPath | None = None,
+) -> Iterator[Settings]:
     """The settings to bench against: ``settings`` as they are, or an
     embedded stack's (its own broker; LANEWAY_REDIS_URL's Redis when set,
-    else its own Valkey) with ``realtime_workers`` realtime workers,
-    stopped afterwards."""
+    else its own Valkey) with ``realtime_workers`` realtime workers, its
+    logs in ``log_path`` (``None``: on the console), stopped afterwards."""
     if not embedded:
         yield settings
         return
@@ -415,6 +421,7 @@ def stack_for(settings: Settings, embedded: bool, realtime_workers: int = 1) -> 
         http_port_base=None,
         use_external_redis="url" in settings.redis.model_fields_set,
         lanes=(Lane.REALTIME,) * realtime_workers + (Lane.MEDIUM, Lane.BULK),
+        log_path=log_path,
     )
     stack.start()
     try:
@@ -424,7 +431,7 @@ def stack_for(settings: Settings, embedded: bool, realtime_workers: int = 1) -> 
 
 
 def run_bench(settings: Settings, args: argparse.Namespace) -> int:
-    with stack_for(settings, args.embedded, args.realtime_workers) as running:
+    with stack_for(settings, args.embedded, args.realtime_workers, args.log_file) as running:
         if args.overload:
             steps = asyncio.run(overload(running, args))
         else:

@@ -182,7 +182,7 @@ def format_batch_bench(
 
 
 def run_batch_bench(settings: Settings, args: argparse.Namespace) -> int:
-    with stack_for(settings, args.embedded) as running:
+    with stack_for(settings, args.embedded, log_path=args.log_file) as running:
         alone, loaded, figures = asyncio.run(bench(running, args))
     print()
     print(format_batch_bench(alone, loaded, figures, args))

@@ -126,8 +126,9 @@ def run_once(
     lanes: tuple[Lane, ...] = tuple(Lane),
 ) -> CompareRow:
     """``requests`` through an embedded stack of its own (``env`` added to
-    its processes' environment, a worker per entry of ``lanes``), at
-    ``args.concurrency`` in flight through ``args.client``."""
+    its processes' environment, a worker per entry of ``lanes``, its logs
+    in ``args.log_file``), at ``args.concurrency`` in flight through
+    ``args.client``."""
     from streams.tools.supervisor import Stack
 
     stack = Stack(
@@ -135,6 +136,7 @@ def run_once(
         http_port_base=None,
         use_external_redis="url" in settings.redis.model_fields_set,
         lanes=lanes,
+        log_path=args.log_file,
         child_env={"LANEWAY_REDIS_KEY_PREFIX": f"bench-{engine}-{os.getpid()}", **env},
     )
     stack.start(ready_timeout_s=300)

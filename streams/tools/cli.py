@@ -85,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="drive a mixed workload and print latency/throughput")
     bench.add_argument("-n", "--requests", type=int, default=120)
+    _add_log_arguments(bench)
     bench.add_argument(
         "--embedded", action="store_true", help="start an embedded stack for the run"
     )
@@ -376,6 +377,9 @@ def _bench(settings: Settings, args: argparse.Namespace) -> int:
         from streams.tools.bench_router import run_router_bench
 
         return run_router_bench(settings, args)
+
+    if args.compare or args.burst or args.embedded:  # the stacks it starts log to a file
+        args.log_file = _quiet(settings, args)
 
     if args.compare:
         from streams.tools.bench_compare import compare

@@ -130,3 +130,10 @@ def test_burst_workload_asks_each_question_n_times_the_first_copy_for_realtime()
         assert sum(r.get("deadline_ms") == 3_000 for r in copies) == 1
         assert all(r["temperature"] == 0.0 and r["max_tokens"] == 64 for r in copies)
     assert _parser().parse_args(["bench", "--burst", "6"]).burst == 6
+
+
+def test_the_stacks_a_bench_starts_log_to_a_file_unless_verbose() -> None:
+    quiet = _parser().parse_args(["bench", "--burst", "2"])
+    assert quiet.verbose is False and quiet.log_file is None  # then ~/.cache/laneway/logs
+    loud = _parser().parse_args(["bench", "--compare", "-v", "--log-file", "/tmp/b.log"])
+    assert loud.verbose is True and str(loud.log_file) == "/tmp/b.log"
