@@ -1,6 +1,6 @@
 """What a lane worker remembers of each answer once it is acknowledged:
 the session's new turn (the response cache entry is stored as soon as the
-answer is decoded: ``LaneWorker._keep``). Both stores are idempotent
+answer is decoded: ``BatchRunner._keep``). Both stores are idempotent
 (cache keys are the normalised request, session turns carry the request
 id), so a redelivered batch writes nothing twice; both fail open, so a
 missing Redis costs answers nothing."""

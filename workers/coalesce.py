@@ -3,7 +3,7 @@ worker has in flight.
 
 A burst of one popular question reaches a worker before its first answer is
 in the cache: the classifier routed every copy, and the worker's second
-cache look (``LaneWorker._answered_meanwhile``) finds nothing yet. Within a
+cache look (``BatchRunner.answered_meanwhile``) finds nothing yet. Within a
 batch, requests the cache would answer alike (the same exact cache key:
 same normalised text, budget class, tenant scope and conversation context;
 temperature 0; neither ``bypass`` nor ``no-store``) are run once; the others

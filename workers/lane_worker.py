@@ -14,6 +14,10 @@ A request no backend could serve (INF-502) is parked on the lane's retry
 topic while it has attempts and deadline left, and put back on the lane by
 the ``RetryRelay`` that runs beside the worker when its backoff has passed
 (``workers.retry``): the worker never sleeps on a failed request.
+
+The model work of a batch (the cache asked again, each question decoded
+once, answers stored as they are decoded) is the ``BatchRunner``'s
+(``workers.runner``); this module keeps the Kafka side and the reports.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from pydantic import ValidationError
 
 from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
 from schemas.settings import Settings
-from streams.cache.response import CacheHit, ResponseCache
+from streams.cache.response import ResponseCache
 from streams.classify.registry import load_registry, worker_paths
 from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.otlp import exporter_for
@@ -43,16 +47,14 @@ from streams.kafka.spans import handled_records, lane_outcomes
 from streams.kafka.tracing import Traces, child_trace, header, traced
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.stores.backlog import BacklogBoard, DrainRate
-from streams.stores.sessions import context_digest
 from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
-from workers.answered import attempt_events, cached_result
 from workers.batcher import collect_batch
 from workers.check import probe
 from workers.claims import DecodeClaims
-from workers.coalesce import InFlight, shared_result, split_duplicates
-from workers.execution import BackendSlot, Executor, Finished, backend_slots, version_slots
+from workers.execution import BackendSlot, Executor, backend_slots, version_slots
 from workers.result_store import RecordKey, ResultStore, record_id
 from workers.retry import RetryRelay
+from workers.runner import BatchRunner
 from workers.settle import Answer, give_up, reject_unreadable, settle_failures, terminal_for
 
 __all__ = ["AnsweredHook", "LaneWorker", "reported_backlog"]
@@ -61,20 +63,9 @@ log = logging.getLogger(__name__)
 
 AnsweredHook = Callable[[Sequence[tuple[RoutedRequest, InferenceResult]]], Awaitable[None]]
 """Called with a batch's fresh answers once they are acknowledged (session
-history; the worker itself stores model answers in the cache as soon as
-they are decoded). It must not raise and must be idempotent: a
+history; the worker's ``BatchRunner`` stores model answers in the cache as
+soon as they are decoded). It must not raise and must be idempotent: a
 redelivered batch calls it again."""
-
-STORES_AT_ONCE = 32
-"""Cache stores a worker has in flight at once (a bulk batch may be large)."""
-
-COALESCED = Counter(
-    "laneway_cache_late_hits_total",
-    "Requests a worker answered without a model: an identical one was answered as they "
-    "waited (from the cache), in the same batch, in a batch in flight before theirs, "
-    "or on another worker",
-    ["lane"],
-)
 
 DEVICES = {"llamacpp": "cpu", "rules": "cpu", "vllm": "cuda", "openai": "remote"}
 """Where each backend kind runs, as announced on the worker board."""
@@ -136,18 +127,13 @@ class LaneWorker:
                 version_slots(settings.backend, registry, paths),
                 {path: registry.fallbacks(path) for path in registry.model_paths},
             )
-        self.executor = executor
+        self.runner = BatchRunner(settings, lane, executor, cache, claims)
+        """Runs the batches' model work, each question once (``workers.runner``)."""
         self.store = store
         self.board = board
         self.on_answered = on_answered
-        self.cache = cache
-        """Asked again just before a batch runs: an identical request
-        answered while this one waited in the lane is not computed twice."""
         self.workers = workers
         """Where this worker announces the paths it serves (``None``: nowhere)."""
-        self.claims = claims if cache is not None else None
-        """Where this worker marks the questions it decodes, and finds the
-        ones another worker is decoding (``None``: it decodes every copy)."""
         self._worker_id = uuid.uuid4().hex[:8]
         self._probed: set[int] = set()
         """Slots (by ``id``) whose backend loaded and answered a test inference."""
@@ -155,8 +141,6 @@ class LaneWorker:
         """Records this worker answers a busy second (on the backlog board)."""
         self._running = 0
         """Records of the batches in flight, not yet settled."""
-        self.in_flight = InFlight()
-        """The shareable requests this worker's batches are decoding now."""
         self._next_offset: dict[TopicPartition, int] = {}
         """Per partition, the offset after the last record handed to this worker."""
         self._committed: dict[TopicPartition, int] = {}
@@ -172,6 +156,10 @@ class LaneWorker:
         """A batch started or ended (or the worker is stopping): report now."""
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+
+    @property
+    def executor(self) -> Executor:
+        return self.runner.executor
 
     async def start(self) -> None:
         options = self.settings.kafka.client_options()
@@ -472,13 +460,13 @@ class LaneWorker:
         ]
         attempts = await self.store.begin([key for key, _ in fresh]) if self.store else {}
         crashed_before = any(attempts.get(key, 0) > 1 for key, _ in fresh)
-        answers: list[Answer] = await self._answered_meanwhile(fresh)
+        answers: list[Answer] = await self.runner.answered_meanwhile(fresh)
         done = {key for key, _, _ in answers}
         fresh = [(key, routed) for key, routed in fresh if key not in done]
         if crashed_before:
             ran, parked, more = await self._isolate(fresh, records, traces)
         else:
-            ran, more = await self._run(fresh, traces)
+            ran, more = await self.runner.run(fresh, traces)
             ran, parked, retry_out = settle_failures(
                 ran, records, self.settings, self.lane, traces=traces
             )
@@ -528,75 +516,6 @@ class LaneWorker:
             RESULTS.labels(self.lane, result.path, result.status, code).inc()
             LATENCY.labels(self.lane, result.path).observe(result.timings.total_ms / 1000)
 
-    async def _run(
-        self, fresh: list[tuple[RecordKey, RoutedRequest]], traces: Traces
-    ) -> tuple[list[Answer], list[Outbound]]:
-        """Run ``fresh`` on the model paths, identical requests once: in
-        this batch, across the batches in flight (``workers.coalesce``) and
-        across workers (``workers.claims``). Returns the answers and a
-        quality event per path that failed before a fallback answered."""
-        leaders, answer_keys, followers = split_duplicates(fresh, self.settings)
-        ours, elsewhere = self.in_flight.claim(answer_keys)
-        joining: asyncio.Task[dict[int, InferenceResult | None]] | None = None
-        marked: list[str] = []
-        try:
-            theirs = await self.claims.mark(ours, marked) if self.claims is not None else {}
-            mine = [i for i in ours if i not in theirs]
-            if theirs:
-                joining = asyncio.create_task(self._join(theirs, leaders))
-            finished = await self.executor.execute([leaders[i][1] for i in mine]) if mine else []
-            self.in_flight.settle([ours[i] for i in mine], [item.result for item in finished])
-            await self._keep(finished)
-            await self._let_go(marked)  # the workers waiting on them find them now
-            joined = await joining if joining is not None else {}  # another worker's, cached
-        except BaseException:
-            if joining is not None:
-                joining.cancel()
-            self.in_flight.settle(list(ours.values()), None)  # the waiting run their own
-            raise
-        finally:
-            await self._let_go(marked)
-        self.in_flight.settle([theirs[i] for i in joined], list(joined.values()))
-        keys = [leaders[i][0] for i in mine]
-        answers: list[Answer] = [
-            (key, item.routed, item.result) for key, item in zip(keys, finished, strict=True)
-        ]
-        led: dict[int, InferenceResult | None] = {
-            i: item.result for i, item in zip(mine, finished, strict=True)
-        }
-        led.update(joined)
-        for i, running in elsewhere.items():  # an earlier batch's: started first
-            led[i] = await asyncio.shield(running)
-        now_ms = int(time.time() * 1000)
-        alone: list[tuple[RecordKey, RoutedRequest]] = []
-        sharing = [(leaders[i][0], leaders[i][1], i) for i in [*elsewhere, *theirs]]
-        sharing += [(f.key, f.routed, f.leader) for f in followers]
-        for key, routed, leader in sharing:
-            result = led[leader]
-            if result is not None and result.status == "ok":
-                answers.append((key, routed, shared_result(routed, result, self.lane, now_ms)))
-            else:
-                alone.append((key, routed))
-        if len(sharing) > len(alone):
-            COALESCED.labels(self.lane).inc(len(sharing) - len(alone))
-        if alone:  # the leader failed (or another worker's answer never came): each runs on its own
-            more = await self.executor.execute([routed for _, routed in alone])
-            await self._keep(more)
-            finished += more
-            keys += [key for key, _ in alone]
-            answers += [
-                (key, item.routed, item.result) for (key, _), item in zip(alone, more, strict=True)
-            ]
-        return (
-            answers,
-            [
-                event
-                for key, item in zip(keys, finished, strict=True)
-                if not item.routed.shadow  # shadow trouble is on the shadow topic, not the path's
-                for event in traced(attempt_events(item, self.settings), traces[key[:3]])
-            ],
-        )
-
     async def _isolate(
         self,
         fresh: list[tuple[RecordKey, RoutedRequest]],
@@ -617,7 +536,7 @@ class LaneWorker:
                 poisoned = give_up([(key, routed)], records, self.settings, self.lane)
                 outbound += traced(poisoned, traces[key[:3]])
                 continue
-            ran, events = await self._run([(key, routed)], traces)
+            ran, events = await self.runner.run([(key, routed)], traces)
             left, park, retry_out = settle_failures(
                 ran, records, self.settings, self.lane, traces=traces
             )
@@ -632,76 +551,6 @@ class LaneWorker:
                 len(fresh),
             )
         return answers, parked, outbound
-
-    async def _keep(self, finished: Sequence[Finished]) -> None:
-        """Store the answers just decoded in the response cache (it keeps
-        only what is safe to replay), before their batch is produced: a
-        copy of the question on another worker, waiting on this worker's
-        mark, finds its answer as soon as the decode ends. Each batch waits
-        on others' marks while holding its own, so keeping answers until
-        the batch ends could make two workers wait on each other."""
-        if self.cache is None:
-            return
-        cache = self.cache
-        live = [  # a shadow joins no cache; a failure is not offered to it
-            item
-            for item in finished
-            if not item.routed.shadow and item.result.status == "ok" and item.result.output
-        ]
-        for start in range(0, len(live), STORES_AT_ONCE):
-            await asyncio.gather(
-                *(
-                    cache.store(
-                        item.routed.request, item.result, context_digest(item.routed.history)
-                    )
-                    for item in live[start : start + STORES_AT_ONCE]
-                )
-            )
-
-    async def _join(
-        self, theirs: dict[int, str], leaders: Sequence[tuple[RecordKey, RoutedRequest]]
-    ) -> dict[int, InferenceResult | None]:
-        """The answers other workers decoded for ``theirs``, from the cache
-        once their marks are gone (``DecodeClaims.outwait``); ``None``
-        where none came and the request runs here."""
-        assert self.claims is not None
-        requests = {i: leaders[i][1] for i in theirs}
-        gone = sorted(await self.claims.outwait(theirs, requests))
-        hits = await asyncio.gather(*(self._look_up(requests[i]) for i in gone))
-        found = {i: hit for i, hit in zip(gone, hits, strict=True) if hit is not None}
-        now_ms = int(time.time() * 1000)
-        return {
-            i: cached_result(requests[i], found[i], self.lane, now_ms) if i in found else None
-            for i in theirs
-        }
-
-    async def _let_go(self, marked: list[str]) -> None:
-        if self.claims is not None:
-            await self.claims.let_go(marked)
-
-    async def _answered_meanwhile(
-        self, fresh: Sequence[tuple[RecordKey, RoutedRequest]]
-    ) -> list[Answer]:
-        """Requests whose exact answer reached the cache while they waited:
-        the classifier routed them before an identical request's answer was
-        stored (a burst of one popular question)."""
-        if self.cache is None:
-            return []
-        fresh = [(key, routed) for key, routed in fresh if not routed.shadow]  # runs its version
-        hits = await asyncio.gather(*(self._look_up(routed) for _, routed in fresh))
-        now_ms = int(time.time() * 1000)
-        found: list[Answer] = [
-            (key, routed, cached_result(routed, hit, self.lane, now_ms))
-            for (key, routed), hit in zip(fresh, hits, strict=True)
-            if hit is not None
-        ]
-        if found:
-            COALESCED.labels(self.lane).inc(len(found))
-        return found
-
-    async def _look_up(self, routed: RoutedRequest) -> CacheHit | None:
-        assert self.cache is not None
-        return await self.cache.lookup(routed.request, context_digest(routed.history))
 
     async def _produce(self, outbound: Sequence[Outbound]) -> None:
         producer = self._producer

@@ -101,7 +101,7 @@ async def test_redelivered_batch_is_answered_from_the_store(settings: Settings) 
         await worker.process(records)
         # The same records again, as after a crash before the commit, on a
         # worker that has no backend at all: only the store can answer.
-        worker.executor = Executor(Lane.REALTIME, {})
+        worker.runner.executor = Executor(Lane.REALTIME, {})
         await worker.process(records)
     finally:
         await worker.close()

@@ -1,0 +1,213 @@
+"""A lane batch's model work: each question decoded once.
+
+``LaneWorker`` reads a batch off its lane, and hands the requests that need
+a model to a ``BatchRunner``, which answers each distinct question once:
+
+1. the cache again, just before the batch runs (``answered_meanwhile``): an
+   identical request answered while this one waited in the lane;
+2. one decode for the identical requests of one batch, and none for a
+   request an earlier batch of this worker is decoding
+   (``workers.coalesce``);
+3. none for a request another worker has marked as decoding
+   (``workers.claims``): it waits for that answer to reach the cache.
+
+Each model answer is stored in the response cache as soon as it is decoded,
+and this worker's marks let go right after, before it waits on anyone
+else's: no two workers wait on each other. Producing, keeping and committing
+the batch stay with the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from prometheus_client import Counter
+
+from schemas.messages import InferenceResult, Lane, RoutedRequest
+from schemas.settings import Settings
+from streams.cache.response import CacheHit, ResponseCache
+from streams.kafka.envelopes import Outbound
+from streams.kafka.tracing import Traces, traced
+from streams.stores.sessions import context_digest
+from workers.answered import attempt_events, cached_result
+from workers.claims import DecodeClaims
+from workers.coalesce import InFlight, shared_result, split_duplicates
+from workers.execution import Executor, Finished
+from workers.result_store import RecordKey
+from workers.settle import Answer
+
+__all__ = ["BatchRunner"]
+
+STORES_AT_ONCE = 32
+"""Cache stores a worker has in flight at once (a bulk batch may be large)."""
+
+COALESCED = Counter(
+    "laneway_cache_late_hits_total",
+    "Requests a worker answered without a model: an identical one was answered as they "
+    "waited (from the cache), in the same batch, in a batch in flight before theirs, "
+    "or on another worker",
+    ["lane"],
+)
+
+Item = tuple[RecordKey, RoutedRequest]
+
+
+class BatchRunner:
+    """Runs one worker's batches on its model paths, each question once."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        lane: Lane,
+        executor: Executor,
+        cache: ResponseCache | None = None,
+        claims: DecodeClaims | None = None,
+    ) -> None:
+        self.settings = settings
+        self.lane = lane
+        self.executor = executor
+        self.cache = cache
+        """Asked again just before a batch runs, and given each answer as
+        soon as it is decoded (``None``: no cache)."""
+        self.claims = claims if cache is not None else None
+        """Where this worker marks the questions it decodes, and finds the
+        ones another worker is decoding (``None``: it decodes every copy)."""
+        self.in_flight = InFlight()
+        """The shareable requests this worker's batches are decoding now."""
+
+    async def answered_meanwhile(self, fresh: Sequence[Item]) -> list[Answer]:
+        """Requests whose exact answer reached the cache while they waited:
+        the classifier routed them before an identical request's answer was
+        stored (a burst of one popular question)."""
+        if self.cache is None:
+            return []
+        fresh = [(key, routed) for key, routed in fresh if not routed.shadow]  # runs its version
+        hits = await asyncio.gather(*(self._look_up(routed) for _, routed in fresh))
+        now_ms = int(time.time() * 1000)
+        found: list[Answer] = [
+            (key, routed, cached_result(routed, hit, self.lane, now_ms))
+            for (key, routed), hit in zip(fresh, hits, strict=True)
+            if hit is not None
+        ]
+        if found:
+            COALESCED.labels(self.lane).inc(len(found))
+        return found
+
+    async def run(self, fresh: list[Item], traces: Traces) -> tuple[list[Answer], list[Outbound]]:
+        """Run ``fresh`` on the model paths, identical requests once: in
+        this batch, across the batches in flight (``workers.coalesce``) and
+        across workers (``workers.claims``). Returns the answers and a
+        quality event per path that failed before a fallback answered."""
+        leaders, answer_keys, followers = split_duplicates(fresh, self.settings)
+        ours, elsewhere = self.in_flight.claim(answer_keys)
+        joining: asyncio.Task[dict[int, InferenceResult | None]] | None = None
+        marked: list[str] = []
+        try:
+            theirs = await self.claims.mark(ours, marked) if self.claims is not None else {}
+            mine = [i for i in ours if i not in theirs]
+            if theirs:
+                joining = asyncio.create_task(self._join(theirs, leaders))
+            finished = await self.executor.execute([leaders[i][1] for i in mine]) if mine else []
+            self.in_flight.settle([ours[i] for i in mine], [item.result for item in finished])
+            await self._keep(finished)
+            await self._let_go(marked)  # the workers waiting on them find them now
+            joined = await joining if joining is not None else {}  # another worker's, cached
+        except BaseException:
+            if joining is not None:
+                joining.cancel()
+            self.in_flight.settle(list(ours.values()), None)  # the waiting run their own
+            raise
+        finally:
+            await self._let_go(marked)
+        self.in_flight.settle([theirs[i] for i in joined], list(joined.values()))
+        keys = [leaders[i][0] for i in mine]
+        answers: list[Answer] = [
+            (key, item.routed, item.result) for key, item in zip(keys, finished, strict=True)
+        ]
+        led: dict[int, InferenceResult | None] = {
+            i: item.result for i, item in zip(mine, finished, strict=True)
+        }
+        led.update(joined)
+        for i, running in elsewhere.items():  # an earlier batch's: started first
+            led[i] = await asyncio.shield(running)
+        now_ms = int(time.time() * 1000)
+        alone: list[Item] = []
+        sharing = [(leaders[i][0], leaders[i][1], i) for i in [*elsewhere, *theirs]]
+        sharing += [(f.key, f.routed, f.leader) for f in followers]
+        for key, routed, leader in sharing:
+            result = led[leader]
+            if result is not None and result.status == "ok":
+                answers.append((key, routed, shared_result(routed, result, self.lane, now_ms)))
+            else:
+                alone.append((key, routed))
+        if len(sharing) > len(alone):
+            COALESCED.labels(self.lane).inc(len(sharing) - len(alone))
+        if alone:  # the leader failed (or another worker's answer never came): each runs on its own
+            more = await self.executor.execute([routed for _, routed in alone])
+            await self._keep(more)
+            finished += more
+            keys += [key for key, _ in alone]
+            answers += [
+                (key, item.routed, item.result) for (key, _), item in zip(alone, more, strict=True)
+            ]
+        return (
+            answers,
+            [
+                event
+                for key, item in zip(keys, finished, strict=True)
+                if not item.routed.shadow  # shadow trouble is on the shadow topic, not the path's
+                for event in traced(attempt_events(item, self.settings), traces[key[:3]])
+            ],
+        )
+
+    async def _keep(self, finished: Sequence[Finished]) -> None:
+        """Store the answers just decoded in the response cache (it keeps
+        only what is safe to replay), before their batch is produced: a
+        copy of the question on another worker, waiting on this worker's
+        mark, finds its answer as soon as the decode ends. Each batch waits
+        on others' marks while holding its own, so keeping answers until
+        the batch ends could make two workers wait on each other."""
+        if self.cache is None:
+            return
+        cache = self.cache
+        live = [  # a shadow joins no cache; a failure is not offered to it
+            item
+            for item in finished
+            if not item.routed.shadow and item.result.status == "ok" and item.result.output
+        ]
+        for start in range(0, len(live), STORES_AT_ONCE):
+            await asyncio.gather(
+                *(
+                    cache.store(
+                        item.routed.request, item.result, context_digest(item.routed.history)
+                    )
+                    for item in live[start : start + STORES_AT_ONCE]
+                )
+            )
+
+    async def _join(
+        self, theirs: dict[int, str], leaders: Sequence[Item]
+    ) -> dict[int, InferenceResult | None]:
+        """The answers other workers decoded for ``theirs``, from the cache
+        once their marks are gone (``DecodeClaims.outwait``); ``None``
+        where none came and the request runs here."""
+        assert self.claims is not None
+        requests = {i: leaders[i][1] for i in theirs}
+        gone = sorted(await self.claims.outwait(theirs, requests))
+        hits = await asyncio.gather(*(self._look_up(requests[i]) for i in gone))
+        found = {i: hit for i, hit in zip(gone, hits, strict=True) if hit is not None}
+        now_ms = int(time.time() * 1000)
+        return {
+            i: cached_result(requests[i], found[i], self.lane, now_ms) if i in found else None
+            for i in theirs
+        }
+
+    async def _let_go(self, marked: list[str]) -> None:
+        if self.claims is not None:
+            await self.claims.let_go(marked)
+
+    async def _look_up(self, routed: RoutedRequest) -> CacheHit | None:
+        assert self.cache is not None
+        return await self.cache.lookup(routed.request, context_digest(routed.history))
