@@ -85,11 +85,20 @@ class DecodeClaims:
         """Of a batch's requests about to be decoded (index: answer key,
         ``None`` for one whose answer is its own), mark the ones no worker
         holds as this one's (added to ``marked``); the ones to wait for
-        instead (``claim``)."""
+        instead (``claim``). Cancelled mid-claim, it adds every key it
+        tried to ``marked``: the caller's ``let_go`` then deletes whichever
+        it set, rather than leaving them to hold other workers until their
+        TTL."""
         shareable = {i: key for i, key in keys.items() if key is not None}
         if not shareable:
             return {}
-        mine, theirs = await self.claim(list(shareable.values()))
+        try:
+            mine, theirs = await self.claim(list(shareable.values()))
+        except asyncio.CancelledError:
+            # The marks may have been set before the reply was read:
+            # ``let_go`` deletes only the ones that carry this worker's token.
+            marked += shareable.values()
+            raise
         marked += [key for key in shareable.values() if key in mine]
         return {i: key for i, key in shareable.items() if key in theirs}
 

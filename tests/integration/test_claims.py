@@ -5,6 +5,7 @@ question, and the second waits for the first's answer in the cache."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -209,3 +210,23 @@ async def test_a_mark_left_by_a_dead_worker_holds_no_longer_than_its_ttl(stack: 
     assert counting.ran == ["m"], "then ran its own"
     result = (await results_by_id(own))["m"]
     assert result.status == "ok" and result.path == Path.LIGHT
+
+
+async def test_marks_set_by_a_claim_cancelled_mid_flight_are_let_go(stack: Stack) -> None:
+    """A batch cancelled while its marks are being set (a drain past its
+    timeout) lets go of whichever reached Redis, wherever the cancel lands:
+    no copy on another worker waits for a mark that nobody will delete."""
+    prefix = stack.settings.redis.key_prefix
+    claims = DecodeClaims(stack.redis, prefix=prefix, ttl_s=60, lane=Lane.MEDIUM)
+    for steps in range(16):
+        keys: dict[int, str | None] = {0: f"q{steps}a", 1: f"q{steps}b"}
+        marked: list[str] = []
+        marking = asyncio.create_task(claims.mark(keys, marked))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        marking.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await marking
+        await claims.let_go(marked)  # as the batch runner's ``finally`` does
+        left = [key async for key in stack.redis.scan_iter(f"{prefix}:cache:busy:*")]
+        assert left == [], f"cancelled after {steps} steps"
