@@ -55,6 +55,11 @@ def _decoded(row: CompareRow) -> int:
     return sum(row.paths.get(path, 0) for path in ("light", "heavy"))
 
 
+def _by_lane(row: CompareRow) -> str:
+    """Each lane's model decodes, fastest lane first."""
+    return ", ".join(f"{lane} {row.decoded_by_lane.get(lane, 0)}" for lane in Lane)
+
+
 def burst(settings: Settings, args: argparse.Namespace) -> int:
     """Run the burst with marks and without; print the table and the ratio
     of model decodes."""
@@ -64,12 +69,11 @@ def burst(settings: Settings, args: argparse.Namespace) -> int:
     requests = burst_workload(
         args.burst, args.max_tokens, settings.routing.realtime_max_deadline_ms
     )
-    args.concurrency = len(requests)  # all at once
     env = {"LANEWAY_KAFKA_PARTITIONS": str(partitions)}
-    marked = run_once(settings, "marks", env, args, requests, LANES)
-    unmarked = run_once(
-        settings, "no-marks", {**env, "LANEWAY_CACHE_CLAIM_TTL_S": "0"}, args, requests, LANES
-    )
+    at_once = len(requests)
+    marked = run_once(settings, "marks", env, args, requests, LANES, at_once)
+    no_marks = {**env, "LANEWAY_CACHE_CLAIM_TTL_S": "0"}
+    unmarked = run_once(settings, "no-marks", no_marks, args, requests, LANES, at_once)
     print(
         f"\nlaneway bench --burst {args.burst}: {len(QUESTIONS)} questions x {args.burst} copies "
         f"at once (the first of each asks for realtime), max_tokens {args.max_tokens}, "
@@ -82,4 +86,6 @@ def burst(settings: Settings, args: argparse.Namespace) -> int:
         f"({without / max(with_marks, 1):.2f}x); p50 {marked.p50_ms:.0f} ms against "
         f"{unmarked.p50_ms:.0f} ms, p99 {marked.p99_ms:.0f} ms against {unmarked.p99_ms:.0f} ms"
     )
+    for row in (marked, unmarked):
+        print(f"decoded by lane, {row.engine}: {_by_lane(row)}")
     return 1 if marked.lost or unmarked.lost else 0

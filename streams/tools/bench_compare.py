@@ -23,7 +23,7 @@ from schemas.messages import Lane
 from schemas.settings import Settings
 from streams.tools.bench import RULE_PROMPTS, Sample, _percentile, drive
 
-__all__ = ["CompareRow", "compare", "format_compare", "hybrid_workload", "run_once"]
+__all__ = ["CompareRow", "compare", "compare_row", "format_compare", "hybrid_workload", "run_once"]
 
 FAQ_PROMPTS = [
     "How do I reset my password?",
@@ -92,9 +92,11 @@ class CompareRow:
     time is shared by its requests, so a batch of four counts once."""
     codes: dict[str, int]
     """The errors by code."""
+    decoded_by_lane: dict[str, int]
+    """Per lane, the answers a model decoded there (not cache, not rules)."""
 
 
-def _row(engine: str, samples: list[Sample], started: float, lost: int) -> CompareRow:
+def compare_row(engine: str, samples: list[Sample], started: float, lost: int) -> CompareRow:
     latencies = sorted(s.latency_ms for s in samples)
     seconds = max((s.finished_at for s in samples), default=started) - started
     return CompareRow(
@@ -114,6 +116,7 @@ def _row(engine: str, samples: list[Sample], started: float, lost: int) -> Compa
             if any(s.path == path for s in samples)
         },
         codes=dict(Counter(s.code for s in samples if s.status != "ok")),
+        decoded_by_lane=dict(Counter(s.lane for s in samples if s.path in ("light", "heavy"))),
     )
 
 
@@ -124,11 +127,12 @@ def run_once(
     args: argparse.Namespace,
     requests: Sequence[dict[str, Any]],
     lanes: tuple[Lane, ...] = tuple(Lane),
+    concurrency: int | None = None,
 ) -> CompareRow:
     """``requests`` through an embedded stack of its own (``env`` added to
     its processes' environment, a worker per entry of ``lanes``, its logs
-    in ``args.log_file``), at ``args.concurrency`` in flight through
-    ``args.client``."""
+    in ``args.log_file``), at ``concurrency`` (default
+    ``args.concurrency``) in flight through ``args.client``."""
     from streams.tools.supervisor import Stack
 
     stack = Stack(
@@ -145,14 +149,14 @@ def run_once(
             drive(
                 stack.settings,
                 requests,
-                args.concurrency,
+                concurrency or args.concurrency,
                 timeout_s=600,
                 client_kind=args.client,
             )
         )
     finally:
         stack.stop()
-    return _row(engine, samples, started, lost)
+    return compare_row(engine, samples, started, lost)
 
 
 def format_compare(rows: list[CompareRow]) -> str:

@@ -14,6 +14,7 @@ from streams.tools.bench import (
     summarize,
 )
 from streams.tools.bench_burst import QUESTIONS, burst_workload
+from streams.tools.bench_compare import compare_row
 from streams.tools.cli import _parser
 
 
@@ -130,6 +131,23 @@ def test_burst_workload_asks_each_question_n_times_the_first_copy_for_realtime()
         assert sum(r.get("deadline_ms") == 3_000 for r in copies) == 1
         assert all(r["temperature"] == 0.0 and r["max_tokens"] == 64 for r in copies)
     assert _parser().parse_args(["bench", "--burst", "6"]).burst == 6
+
+
+def test_a_compare_row_counts_model_decodes_per_lane_not_cache_or_rules() -> None:
+    def sample(lane: str, path: str) -> Sample:
+        return Sample(lane, path, "ok", 10.0, 1, finished_at=1.0)
+
+    samples = [
+        sample("realtime", "light"),
+        sample("realtime", "cache"),
+        sample("medium", "light"),
+        sample("medium", "heavy"),
+        sample("medium", "cache"),
+        sample("bulk", "rules"),
+    ]
+    row = compare_row("marks", samples, started=0.0, lost=0)
+    assert row.decoded_by_lane == {"realtime": 1, "medium": 2}
+    assert row.paths == {"light": 2, "heavy": 1, "cache": 2, "rules": 1}
 
 
 def test_the_stacks_a_bench_starts_log_to_a_file_unless_verbose() -> None:
