@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,7 +24,45 @@ __all__ = ["EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_port"]
 log = logging.getLogger(__name__)
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+
+
+def ephemeral_low(source: Path = EPHEMERAL_RANGE) -> int:
+    """The lowest port the kernel gives an outgoing connection (Linux's
+    default range starts at 32768, also where this falls back)."""
+    try:
+        return int(source.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A loopback port nothing holds now, for a process started later to
+    listen on, taken below the kernel's ephemeral range. A port from
+    ``bind(0)`` lies in that range, where any outgoing connection (dozens,
+    while a stack starts) may take it as its own local port before the
+    listener binds it: a second ``laneway bench --burst`` stack's
+    classifier failed with EADDRINUSE that way. Never the same port twice
+    in one process."""
+    low = ephemeral_low()
+    below = range(max(1024, low - 16384), low)
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.choice(below) if len(below) > 1024 else _kernel_port(host)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:  # held (or in TIME_WAIT): try another
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port on {host}")
+
+
+def _kernel_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
