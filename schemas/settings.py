@@ -438,6 +438,11 @@ class CacheSettings(BaseSettings):
 
     enabled: bool = True
     ttl_s: int = Field(default=86_400, ge=1)
+    relative_time_ttl_s: int = Field(default=3_600, ge=1)
+    """Lifetime of an answer to a question about a time that moves on
+    ("today", "tomorrow", "now", "the latest", "this week":
+    ``streams.cache.keys.time_relative``), at most ``ttl_s``: kept a day,
+    the answer to "what is on today" would be served tomorrow."""
     semantic: bool = True
     """Also answer paraphrases: nearest cached prompt by embedding above ``threshold``."""
     threshold: float = Field(default=0.93, gt=0, le=1)

@@ -27,6 +27,7 @@ __all__ = [
     "reordered",
     "request_entities",
     "store_refusal",
+    "time_relative",
     "word_order",
 ]
 
@@ -202,6 +203,25 @@ _UNORDERED = frozenset(
 )
 """Words whose place in a question is free ("how do I ...?" / "..., how?"):
 the word-order guard does not compare them."""
+
+
+_RELATIVE_WORDS = frozenset(
+    "today tonight tomorrow yesterday now nowadays currently latest recently upcoming".split()
+)
+_RELATIVE_SPANS = re.compile(r"\b(?:this|next|last) (?:week|weekend|month|year)\b")
+
+
+def time_relative(text: str) -> bool:
+    """Whether a normalised text (``normalise_prompt``) asks about a time
+    that moves on: "today", "tomorrow", "now", "the latest", "this week".
+    Its answer may be wrong by the next day, so the cache keeps it for
+    ``relative_time_ttl_s`` rather than the day-long ``ttl_s``. Errs towards
+    finding too much ("how do I log in now"): that costs a model call an
+    hour later, a miss would serve yesterday's "today". Not "current" or
+    "recent": "my current password" and "recent orders" ask nothing of the
+    date, and FAQ answers like theirs would lose their day in the cache."""
+    words = {word.split("'", 1)[0] for word in _WORD.findall(text)}  # "today's": today
+    return not _RELATIVE_WORDS.isdisjoint(words) or bool(_RELATIVE_SPANS.search(text))
 
 
 def word_order(text: str) -> tuple[str, ...]:

@@ -66,6 +66,7 @@ from streams.cache.keys import (
     reordered,
     request_entities,
     store_refusal,
+    time_relative,
     word_order,
 )
 from streams.cache.semantic_index import SemanticIndex
@@ -571,7 +572,7 @@ class ResponseCache:
         now_ms = await self._store_script(
             keys=[self.entry_key(key), self._index_key, self._version_key],
             args=[
-                self._settings.ttl_s,
+                self.lifetime_s(text),
                 self._settings.max_entries,
                 self._entry_prefix,
                 key,
@@ -581,6 +582,14 @@ class ResponseCache:
         if vector is not None and self._index is not None:
             self._index.add(key, scope, ents, vector, int(now_ms), word_order(text))
             INDEX_SIZE.set(len(self._index))
+
+    def lifetime_s(self, text: str) -> int:
+        """How long the answer to ``text`` (normalised) is kept: shorter for
+        a question about a time that moves on (``time_relative``)."""
+        ttl_s = self._settings.ttl_s
+        if time_relative(text):
+            return min(ttl_s, self._settings.relative_time_ttl_s)
+        return ttl_s
 
     async def _embed_quietly(self, text: str) -> np.ndarray | None:
         """The text's vector, or ``None`` when there is no embedder or it

@@ -78,6 +78,26 @@ async def test_store_is_idempotent(
     assert 0 < ttl <= CacheSettings().ttl_s
 
 
+async def test_an_answer_about_today_is_kept_for_an_hour_not_a_day(
+    make_cache: Any, redis_client: aioredis.Redis
+) -> None:
+    cache = make_cache(None)
+    today, always = req("What is on today's menu?"), req("What is on the menu?")
+    for question in (today, always):
+        assert await cache.store(question, answer(question, "Soup."))
+
+    async def ttl_of(question: InferenceRequest) -> int:
+        hit = await cache.lookup(question)
+        assert hit is not None
+        return int(await redis_client.ttl(cache.entry_key(hit.key)))
+
+    settings = CacheSettings()
+    assert 0 < await ttl_of(today) <= settings.relative_time_ttl_s < settings.ttl_s
+    assert settings.relative_time_ttl_s < await ttl_of(always) <= settings.ttl_s
+    # Never longer than the cache's own lifetime.
+    assert make_cache(None, ttl_s=600, relative_time_ttl_s=3_600).lifetime_s("today") == 600
+
+
 async def test_paraphrase_hits_a_second_instance_after_sync(
     make_cache: Any, redis_client: aioredis.Redis, minilm: MiniLMEmbedder
 ) -> None:

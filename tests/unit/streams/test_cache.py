@@ -13,6 +13,7 @@ import pytest
 from schemas.messages import ErrorInfo, InferenceRequest, InferenceResult, Path
 from schemas.settings import CacheSettings
 from streams.cache.embedding import Embedder, MiniLMEmbedder
+from streams.cache.keys import time_relative
 from streams.cache.response import (
     SemanticIndex,
     cache_control,
@@ -389,3 +390,36 @@ def test_index_refuses_vectors_of_another_width(embedder: MiniLMEmbedder) -> Non
     index = SemanticIndex(embedder.dim, 10)
     with pytest.raises(ValueError, match="index dim"):
         index.add("k", "s", frozenset(), np.ones(embedder.dim + 1, dtype=np.float32), 0)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "What's on the menu today?",
+        "What is today's special?",
+        "Is the shop open tonight",
+        "Will it rain TOMORROW?",
+        "Who won yesterday",
+        "What time is it now?",
+        "What is the latest version of Python?",
+        "Any events this week?",
+        "What happens next month?",
+    ],
+)
+def test_questions_about_a_time_that_moves_on_are_time_relative(prompt: str) -> None:
+    assert time_relative(normalise_prompt(req(prompt)))
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "How do I reset my password?",
+        "How do I change my current password?",
+        "Where are my recent orders?",
+        "What are the known issues?",
+        "What are your opening hours on weekdays?",
+        "Which week of the year is busiest?",
+    ],
+)
+def test_other_questions_are_not_time_relative(prompt: str) -> None:
+    assert not time_relative(normalise_prompt(req(prompt)))
