@@ -14,7 +14,10 @@ and a shed pre-warm request is reported, not retried.
 The report says how many hot questions were fresh already, warmed, answered
 by a rule (rules are never cached: they answer at once anyway) or failed,
 and the cache coverage of the hot questions' traffic before and after: the
-share of their asks whose entry is fresh.
+share of their asks whose entry is fresh. Questions about a time that moves
+on ("what is on today") are not warmed, only counted: the cache keeps their
+answers an hour, and an answer made at night about "today" may no longer
+hold when it is asked.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from schemas.messages import InferenceResult, Lane
 from schemas.settings import Settings
 from streams.cache.hot_questions import HotQuestion, day_of, rank, read_days
+from streams.cache.keys import normalise_prompt, time_relative
 from streams.client import LanewayClient
 
 __all__ = ["PrewarmReport", "format_report", "prewarm"]
@@ -48,6 +54,11 @@ class PrewarmReport:
     by_rules: int = 0
     not_stored: int = 0
     """Answered by a model, but the cache kept no entry (a degraded answer, say)."""
+    moving: int = 0
+    """Hot questions about a time that moves on ("today", "now": the cache's
+    ``time_relative``), left to the day's traffic: warmed at night, their
+    answer would live an hour (``relative_time_ttl_s``) and might no
+    longer hold by morning."""
     failed: Counter[str] = field(default_factory=Counter)
     """Error code -> count."""
     coverage_before: float = 0.0
@@ -62,6 +73,7 @@ class PrewarmReport:
             "warmed": self.warmed,
             "by_rules": self.by_rules,
             "not_stored": self.not_stored,
+            "moving": self.moving,
             "failed": dict(self.failed),
             "coverage_before": round(self.coverage_before, 4),
             "coverage_after": round(self.coverage_after, 4),
@@ -104,8 +116,9 @@ async def prewarm(
     redis = settings.redis.client()
     try:
         days = await read_days(redis, settings.redis.key_prefix, options.days, now_s)
-        hot = rank(days, min_count=options.min_count, top=options.top)
-        report.hot = len(hot)
+        ranked = rank(days, min_count=options.min_count, top=options.top)
+        hot = [h for h in ranked if not _moves_on(h)]
+        report.hot, report.moving = len(hot), len(ranked) - len(hot)
         fresh = await _fresh_keys(redis, settings, hot)
         report.fresh = len(fresh)
         report.coverage_before = coverage(hot, fresh)
@@ -120,6 +133,16 @@ async def prewarm(
         await redis.aclose()
     report.seconds = time.monotonic() - started
     return report
+
+
+def _moves_on(hot: HotQuestion) -> bool:
+    """Whether ``hot`` asks about a time that moves on (``time_relative``);
+    a question its counter kept unreadable is not."""
+    try:
+        request = hot.request("prewarm-check")
+    except ValidationError:
+        return False
+    return time_relative(normalise_prompt(request))
 
 
 def _reply_topic(settings: Settings, hot: HotQuestion, default: str) -> str:
@@ -204,7 +227,8 @@ def format_report(report: PrewarmReport) -> str:
     return (
         f"prewarm {report.day}: {report.hot} hot questions; {report.fresh} fresh already, "
         f"{report.warmed} warmed, {report.by_rules} answered by rules, "
-        f"{report.not_stored} answered but not stored, failed: {failed}\n"
+        f"{report.not_stored} answered but not stored, failed: {failed}; "
+        f"{report.moving} about a time that moves on, left to traffic\n"
         f"cache coverage of hot traffic: {report.coverage_before:.0%} -> "
         f"{report.coverage_after:.0%} ({report.seconds:.1f} s)"
     )

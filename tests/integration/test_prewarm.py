@@ -53,21 +53,24 @@ async def test_prewarm_refreshes_a_hot_question_whose_entry_expired(
     settings: Settings, client: LanewayClient
 ) -> None:
     prompt = "In one word, what is the opposite of wet?"
+    today = "In one word, what is the weather like today?"  # hot too, but never warmed
     question = InferenceRequest(id="q", prompt=prompt, max_tokens=8)
     key = cache_key(question, settings.cache)
+    today_key = cache_key(InferenceRequest(id="t", prompt=today, max_tokens=8), settings.cache)
     entry = f"{settings.redis.key_prefix}:cache:e:{key}"
     redis = settings.redis.client()
     try:
         for _ in range(3):
-            result = await client.ask(prompt, max_tokens=8, timeout_s=120)
-            assert result.status == "ok"
+            for asked in (prompt, today):
+                result = await client.ask(asked, max_tokens=8, timeout_s=120)
+                assert result.status == "ok"
         # The classifier adds its counts every flush_interval_s.
         for _ in range(40):
             counts, _ = (await read_days(redis, settings.redis.key_prefix, 1, time.time()))[0]
-            if counts.get(key, 0) >= 3:
+            if counts.get(key, 0) >= 3 and counts.get(today_key, 0) >= 3:
                 break
             await asyncio.sleep(0.5)
-        assert counts.get(key, 0) >= 3, counts
+        assert counts.get(key, 0) >= 3 and counts.get(today_key, 0) >= 3, counts
         for _ in range(20):  # the worker stores the answer just after sending it
             if await redis.exists(entry):
                 break
@@ -80,6 +83,7 @@ async def test_prewarm_refreshes_a_hot_question_whose_entry_expired(
     finally:
         await redis.aclose()
     assert report.hot >= 1 and report.warmed >= 1, report
+    assert report.moving >= 1, report
     assert not report.failed, report
     assert ttl > options.refresh_below_s
     assert report.coverage_after == 1.0 and report.coverage_before < 1.0, report

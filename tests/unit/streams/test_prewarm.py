@@ -6,7 +6,14 @@ from schemas.errors import RateLimited
 from schemas.messages import InferenceResult, Path
 from schemas.settings import CacheSettings, PrewarmSettings, Settings
 from streams.cache.hot_questions import HotQuestion
-from streams.cache.prewarm import PrewarmReport, _tally, coverage, format_report, prewarm
+from streams.cache.prewarm import (
+    PrewarmReport,
+    _moves_on,
+    _tally,
+    coverage,
+    format_report,
+    prewarm,
+)
 
 HOT = [HotQuestion("a", 6, "{}"), HotQuestion("b", 3, "{}"), HotQuestion("c", 1, "{}")]
 
@@ -49,3 +56,13 @@ def test_answers_come_back_on_the_tenants_own_topic_where_it_must() -> None:
     assert _reply_topic(strict, acme, "laneway.replies.prewarm") == "laneway.replies.acme"
     assert _reply_topic(strict, anyone, "laneway.replies.prewarm") == "laneway.replies.prewarm"
     assert _reply_topic(Settings(), acme, "laneway.replies.prewarm") == "laneway.replies.prewarm"
+
+
+def test_questions_about_a_time_that_moves_on_are_not_warmed() -> None:
+    assert _moves_on(HotQuestion("k", 9, '{"prompt": "What is on the menu today?"}'))
+    assert _moves_on(HotQuestion("k", 9, '{"messages": [{"role": "user", "content": "now?"}]}'))
+    assert not _moves_on(HotQuestion("k", 9, '{"prompt": "What are your opening hours?"}'))
+    assert not _moves_on(HotQuestion("k", 9, "{}"))  # no question to read: not dropped here
+    report = PrewarmReport(day="20261207", hot=4, moving=2)
+    assert "2 about a time that moves on, left to traffic" in format_report(report)
+    assert report.as_dict()["moving"] == 2
