@@ -54,7 +54,7 @@ class PrewarmReport:
     by_rules: int = 0
     not_stored: int = 0
     """Answered by a model, but the cache kept no entry (a degraded answer, say)."""
-    moving: int = 0
+    time_relative: int = 0
     """Hot questions about a time that moves on ("today", "now": the cache's
     ``time_relative``), left to the day's traffic: warmed at night, their
     answer would live an hour (``relative_time_ttl_s``) and might no
@@ -73,7 +73,7 @@ class PrewarmReport:
             "warmed": self.warmed,
             "by_rules": self.by_rules,
             "not_stored": self.not_stored,
-            "moving": self.moving,
+            "time_relative": self.time_relative,
             "failed": dict(self.failed),
             "coverage_before": round(self.coverage_before, 4),
             "coverage_after": round(self.coverage_after, 4),
@@ -118,7 +118,7 @@ async def prewarm(
         days = await read_days(redis, settings.redis.key_prefix, options.days, now_s)
         ranked = rank(days, min_count=options.min_count, top=options.top)
         hot = [h for h in ranked if not _moves_on(h)]
-        report.hot, report.moving = len(hot), len(ranked) - len(hot)
+        report.hot, report.time_relative = len(hot), len(ranked) - len(hot)
         fresh = await _fresh_keys(redis, settings, hot)
         report.fresh = len(fresh)
         report.coverage_before = coverage(hot, fresh)
@@ -228,7 +228,7 @@ def format_report(report: PrewarmReport) -> str:
         f"prewarm {report.day}: {report.hot} hot questions; {report.fresh} fresh already, "
         f"{report.warmed} warmed, {report.by_rules} answered by rules, "
         f"{report.not_stored} answered but not stored, failed: {failed}; "
-        f"{report.moving} about a time that moves on, left to traffic\n"
+        f"{report.time_relative} about a time that moves on, left to traffic\n"
         f"cache coverage of hot traffic: {report.coverage_before:.0%} -> "
         f"{report.coverage_after:.0%} ({report.seconds:.1f} s)"
     )

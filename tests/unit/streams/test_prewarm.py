@@ -63,6 +63,6 @@ def test_questions_about_a_time_that_moves_on_are_not_warmed() -> None:
     assert _moves_on(HotQuestion("k", 9, '{"messages": [{"role": "user", "content": "now?"}]}'))
     assert not _moves_on(HotQuestion("k", 9, '{"prompt": "What are your opening hours?"}'))
     assert not _moves_on(HotQuestion("k", 9, "{}"))  # no question to read: not dropped here
-    report = PrewarmReport(day="20261207", hot=4, moving=2)
+    report = PrewarmReport(day="20261207", hot=4, time_relative=2)
     assert "2 about a time that moves on, left to traffic" in format_report(report)
-    assert report.as_dict()["moving"] == 2
+    assert report.as_dict()["time_relative"] == 2
