@@ -25,6 +25,9 @@ from streams.tools.bench import RULE_PROMPTS, Sample, _percentile, drive
 
 __all__ = ["CompareRow", "compare", "compare_row", "format_compare", "hybrid_workload", "run_once"]
 
+MODEL_PATHS = ("light", "heavy")
+"""The paths whose answers a model decoded (not cache, not rules)."""
+
 FAQ_PROMPTS = [
     "How do I reset my password?",
     "What are your opening hours?",
@@ -112,11 +115,11 @@ def compare_row(engine: str, samples: list[Sample], started: float, lost: int) -
         model_s={
             path: sum(s.inference_ms / max(1, s.batch_size) for s in samples if s.path == path)
             / 1000
-            for path in ("light", "heavy")
+            for path in MODEL_PATHS
             if any(s.path == path for s in samples)
         },
         codes=dict(Counter(s.code for s in samples if s.status != "ok")),
-        decoded_by_lane=dict(Counter(s.lane for s in samples if s.path in ("light", "heavy"))),
+        decoded_by_lane=dict(Counter(s.lane for s in samples if s.path in MODEL_PATHS)),
     )
 
 
