@@ -124,12 +124,16 @@ _SENTENCE_END = (".", "!", "?", "\u2026")
 _PRONOUN_I = frozenset({"i", "i'm", "i've", "i'll", "i'd"})
 _DAYS = "monday tuesday wednesday thursday friday saturday sunday weekday weekend"
 _MONTHS = "january february march april june july august september october november december"
+_RELATIVE_DAYS = "today tonight tomorrow yesterday"
+"""Days named from now: an entity (``_CLOSED_SETS``) and a time that moves
+on (``time_relative``)."""
 _CLOSED_SETS = {
     word: word
     for word in (
         _DAYS.split()
         + _MONTHS.split()  # not "may": a verb far more often than the month
-        + "today tonight tomorrow yesterday morning afternoon evening".split()
+        + _RELATIVE_DAYS.split()
+        + "morning afternoon evening".split()
         + "two three four five six seven eight nine ten eleven twelve".split()
     )
 } | {day + "s": day for day in _DAYS.split()}
@@ -206,7 +210,7 @@ the word-order guard does not compare them."""
 
 
 _RELATIVE_WORDS = frozenset(
-    "today tonight tomorrow yesterday now nowadays currently latest recently upcoming".split()
+    _RELATIVE_DAYS.split() + "now nowadays currently latest recently upcoming".split()
 )
 _RELATIVE_SPANS = re.compile(r"\b(?:this|next|last) (?:week|weekend|month|year)\b")
 
