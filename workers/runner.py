@@ -11,6 +11,11 @@ a model to a ``BatchRunner``, which answers each distinct question once:
 3. none for a request another worker has marked as decoding
    (``workers.claims``): it waits for that answer to reach the cache.
 
+Copies of one question whose answer never came (another worker's decode
+failed, or the wait gave up) run once for them all, not once each; only
+when that run fails too, or when this worker's own decode failed, does each
+copy run on its own.
+
 Each model answer is stored in the response cache as soon as it is decoded,
 and this worker's marks let go right after, before it waits on anyone
 else's: no two workers wait on each other. Producing, keeping and committing
@@ -133,25 +138,44 @@ class BatchRunner:
         for i, running in elsewhere.items():  # an earlier batch's: started first
             led[i] = await asyncio.shield(running)
         now_ms = int(time.time() * 1000)
-        alone: list[Item] = []
+        shared = 0
+        alone: list[Item] = []  # their leader failed: each runs on its own
+        unanswered: dict[int, list[Item]] = {}  # no answer came: one runs for them all
         sharing = [(leaders[i][0], leaders[i][1], i) for i in [*elsewhere, *theirs]]
         sharing += [(f.key, f.routed, f.leader) for f in followers]
         for key, routed, leader in sharing:
             result = led[leader]
             if result is not None and result.status == "ok":
                 answers.append((key, routed, shared_result(routed, result, self.lane, now_ms)))
+                shared += 1
+            elif result is None:
+                unanswered.setdefault(leader, []).append((key, routed))
             else:
                 alone.append((key, routed))
-        if len(sharing) > len(alone):
-            COALESCED.labels(self.lane).inc(len(sharing) - len(alone))
-        if alone:  # the leader failed (or another worker's answer never came): each runs on its own
-            more = await self.executor.execute([routed for _, routed in alone])
+        while alone or unanswered:
+            firsts = [copies[0] for copies in unanswered.values()]
+            batch = [*firsts, *alone]
+            more = await self.executor.execute([routed for _, routed in batch])
             await self._keep(more)
             finished += more
-            keys += [key for key, _ in alone]
+            keys += [key for key, _ in batch]
             answers += [
-                (key, item.routed, item.result) for (key, _), item in zip(alone, more, strict=True)
+                (key, item.routed, item.result) for (key, _), item in zip(batch, more, strict=True)
             ]
+            now_ms = int(time.time() * 1000)
+            alone = []
+            for copies, item in zip(unanswered.values(), more[: len(firsts)], strict=True):
+                if item.result.status == "ok":
+                    answers += [
+                        (key, routed, shared_result(routed, item.result, self.lane, now_ms))
+                        for key, routed in copies[1:]
+                    ]
+                    shared += len(copies) - 1
+                else:
+                    alone += copies[1:]
+            unanswered = {}
+        if shared:
+            COALESCED.labels(self.lane).inc(shared)
         return (
             answers,
             [

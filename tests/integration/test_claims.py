@@ -212,6 +212,32 @@ async def test_a_mark_left_by_a_dead_worker_holds_no_longer_than_its_ttl(stack: 
     assert result.status == "ok" and result.path == Path.LIGHT
 
 
+async def test_copies_whose_answer_never_came_run_once_for_them_all(stack: Stack) -> None:
+    """Three copies of one question in a medium batch wait on a dead
+    worker's mark; when it expires with no answer in the cache, one of them
+    decodes and the other two share its answer (before, each decoded)."""
+    own = stack.settings
+    copies = [ask("m1", "ping"), ask("m2", "PING"), ask("m3", "Ping")]
+    key = cache_key(copies[0], own.cache, context_digest([]))
+    mark = f"{own.redis.key_prefix}:cache:busy:{key}"
+    counting = CountingExecutor(Lane.MEDIUM, backend_slots(RULES))
+    medium = await started(stack, Lane.MEDIUM, counting)
+    try:
+        for request in copies:
+            await produce_to_lane(own, routed_now(request, own.replies_topic, lane=Lane.MEDIUM))
+        records = await fetch_lane_records(medium, len(copies))
+        await stack.redis.set(mark, "medium:gone", px=1_000)
+        await medium.process(records)
+    finally:
+        await medium.close()
+    assert counting.ran == ["m1"], "one decode for the three copies"
+    results = await results_by_id(own)
+    assert [results[rid].status for rid in ("m1", "m2", "m3")] == ["ok"] * 3
+    assert results["m1"].path == Path.LIGHT
+    assert results["m2"].output == results["m3"].output == results["m1"].output
+    assert results["m2"].path == results["m3"].path == Path.CACHE
+
+
 async def test_marks_set_by_a_claim_cancelled_mid_flight_are_let_go(stack: Stack) -> None:
     """A batch cancelled while its marks are being set (a drain past its
     timeout) lets go of whichever reached Redis, wherever the cancel lands:
