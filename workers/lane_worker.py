@@ -17,7 +17,9 @@ the ``RetryRelay`` that runs beside the worker when its backoff has passed
 
 The model work of a batch (the cache asked again, each question decoded
 once, answers stored as they are decoded) is the ``BatchRunner``'s
-(``workers.runner``); this module keeps the Kafka side and the reports.
+(``workers.runner``), and where the worker stands on each partition, which
+its backlog report counts from, is ``workers.positions``'s; this module
+keeps the Kafka side and the reports.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
@@ -52,12 +53,13 @@ from workers.batcher import collect_batch
 from workers.check import probe
 from workers.claims import DecodeClaims
 from workers.execution import BackendSlot, Executor, backend_slots, version_slots
+from workers.positions import ForgetOnRebalance, LanePositions, reported_backlog
 from workers.result_store import RecordKey, ResultStore, record_id
 from workers.retry import RetryRelay
 from workers.runner import BatchRunner
 from workers.settle import Answer, give_up, reject_unreadable, settle_failures, terminal_for
 
-__all__ = ["AnsweredHook", "LaneWorker", "reported_backlog"]
+__all__ = ["AnsweredHook", "LaneWorker"]
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +89,6 @@ REPLAYED = Counter(
     "Redelivered requests answered from the result store instead of a model",
     ["lane"],
 )
-
-
-def reported_backlog(lane: Lane, waiting: int, running: int) -> int:
-    """What a worker reports as waiting: the records not yet taken; on the
-    realtime lane also those of the batch it is running, which a new
-    request waits behind too (without them the realtime gate let requests
-    in at its mark that then waited the mark plus a batch). Medium and bulk
-    leave them out: their load levels count the queue, and bulk keeps 64
-    records in flight."""
-    return waiting + running if lane is Lane.REALTIME else waiting
 
 
 class LaneWorker:
@@ -141,11 +133,8 @@ class LaneWorker:
         """Records this worker answers a busy second (on the backlog board)."""
         self._running = 0
         """Records of the batches in flight, not yet settled."""
-        self._next_offset: dict[TopicPartition, int] = {}
-        """Per partition, the offset after the last record handed to this worker."""
-        self._committed: dict[TopicPartition, int] = {}
-        """Per partition, where this worker's group stands: read once per
-        assignment, then kept by this worker's own commits."""
+        self.positions = LanePositions()
+        """Where this worker stands on each partition it holds (its backlog)."""
         self.relay: RetryRelay | None = None
         self.topic = settings.lane_topic(lane)
         self.group = f"{settings.app_id}.worker.{lane}"
@@ -177,7 +166,7 @@ class LaneWorker:
             fetch_max_wait_ms=self.settings.kafka.fetch_max_wait_ms,
             **options,
         )
-        self._consumer.subscribe([self.topic], listener=_ForgetOnRebalance(self))
+        self._consumer.subscribe([self.topic], listener=ForgetOnRebalance(self.positions))
         await self._producer.start()
         await self._consumer.start()
         self.relay = RetryRelay(self.settings, self.lane, self._producer)
@@ -366,21 +355,7 @@ class LaneWorker:
         """Tell the flow controller how many records wait on this worker's partitions."""
         assert self._consumer is not None and self.board is not None
         counted_ms = int(time.time() * 1000)  # before the listing: later sends are not in it
-        assignment = list(self._consumer.assignment())
-        waiting = 0
-        if assignment:
-            ends = await self._consumer.end_offsets(assignment)
-            for tp, listed in ends.items():
-                # Tansu's listed end counts one record of the partition's
-                # last batch; the high-water mark of the last fetch counts
-                # them all. Either may be behind: take the larger.
-                end = max(listed, self._consumer.highwater(tp) or 0)
-                # Not position(): it also moves past records aiokafka prefetched
-                # into its buffer, which still wait for this worker.
-                start = self._next_offset.get(tp)
-                if start is None:
-                    start = await self._committed_offset(tp)
-                waiting += max(0, end - start)
+        waiting = await self.positions.waiting(self._consumer)
         await self.board.report(
             self.lane,
             self._worker_id,
@@ -388,19 +363,6 @@ class LaneWorker:
             self.drain.per_s(time.monotonic()),
             at_ms=counted_ms,
         )
-
-    async def _committed_offset(self, tp: TopicPartition) -> int:
-        """The group's offset on ``tp`` (the log start when it has none),
-        asked of the broker once per assignment, not on every report."""
-        assert self._consumer is not None
-        cached = self._committed.get(tp)
-        if cached is not None:
-            return cached
-        committed = await self._consumer.committed(tp)
-        if committed is None:
-            committed = (await self._consumer.beginning_offsets([tp]))[tp]
-        self._committed[tp] = committed
-        return committed
 
     def _done(self, gauge: Any, records: int, started: float, task: asyncio.Task[None]) -> None:
         """A batch taken at ``started`` is settled: out of the in-flight
@@ -411,21 +373,12 @@ class LaneWorker:
         if not task.cancelled() and task.exception() is None:
             self.drain.add(started, time.monotonic(), records)
 
-    def forget(self, partitions: Sequence[TopicPartition]) -> None:
-        """Drop what this worker knew of partitions it lost or got anew: a
-        new owner starts from the committed offset, not from where this
-        worker stood (a stale ``_next_offset`` under-counted the backlog)."""
-        for tp in partitions:
-            self._next_offset.pop(tp, None)
-            self._committed.pop(tp, None)
-
     async def _fetch(self, timeout_s: float, max_items: int) -> list[ConsumerRecord]:
         assert self._consumer is not None
         polled = await self._consumer.getmany(
             timeout_ms=max(1, int(timeout_s * 1000)), max_records=max_items
         )
-        for tp, batch in polled.items():
-            self._next_offset[tp] = batch[-1].offset + 1
+        self.positions.taken(polled)
         return [record for batch in polled.values() for record in batch]
 
     async def process(
@@ -571,7 +524,7 @@ class LaneWorker:
             offsets[tp] = max(offsets.get(tp, 0), record.offset + 1)
         try:
             await self._consumer.commit(offsets)
-            self._committed.update(offsets)
+            self.positions.committed(offsets)
         except (CommitFailedError, IllegalStateError) as exc:
             # The partitions moved to another worker while this batch ran. Its
             # results are out; the new owner re-runs the batch and the client
@@ -599,16 +552,3 @@ def _path_card(path: Path, slot: BackendSlot) -> PathCard:
     return PathCard(
         path, backend.kind, backend.model, DEVICES.get(backend.kind, "cpu"), slot.version
     )
-
-
-class _ForgetOnRebalance(ConsumerRebalanceListener):
-    """Keeps the worker's per-partition state to the partitions it owns."""
-
-    def __init__(self, worker: LaneWorker) -> None:
-        self._worker = worker
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        self._worker.forget(revoked)
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        self._worker.forget(assigned)

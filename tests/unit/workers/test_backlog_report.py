@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from schemas.messages import Lane
-from workers.lane_worker import reported_backlog
+from workers.positions import reported_backlog
 
 
 def test_realtime_counts_the_batch_it_runs_and_the_others_only_their_queue() -> None:
