@@ -84,8 +84,9 @@ class DecodeClaims:
     async def mark(self, keys: dict[int, str | None], marked: list[str]) -> dict[int, str]:
         """Of a batch's requests about to be decoded (index: answer key,
         ``None`` for one whose answer is its own), mark the ones no worker
-        holds as this one's (added to ``marked``); the ones to wait for
-        instead (``claim``). Cancelled mid-claim, it adds every key it
+        holds as this one's (added to ``marked``); returns the ones a worker
+        of this lane or a faster one marked first, to wait for instead.
+        Cancelled mid-claim, it adds every key it
         tried to ``marked``: the caller's ``let_go`` then deletes whichever
         it set, rather than leaving them to hold other workers until their
         TTL."""
@@ -93,7 +94,7 @@ class DecodeClaims:
         if not shareable:
             return {}
         try:
-            mine, theirs = await self.claim(list(shareable.values()))
+            mine, theirs = await self._claim(list(shareable.values()))
         except asyncio.CancelledError:
             # The marks may have been set before the reply was read:
             # ``let_go`` deletes only the ones that carry this worker's token.
@@ -120,9 +121,9 @@ class DecodeClaims:
             left_ms = requests[i].remaining_ms(now_ms)
             at_most_s = self._ttl_s if left_ms is None else left_ms / 2000
             until[i] = now + max(0.0, at_most_s)
-        return await self.wait(theirs, until)
+        return await self._wait(theirs, until)
 
-    async def claim(self, keys: Sequence[str]) -> tuple[set[str], set[str]]:
+    async def _claim(self, keys: Sequence[str]) -> tuple[set[str], set[str]]:
         """Mark ``keys`` as decoded here, in one round trip. Returns the
         ones now this worker's, and the ones a worker of this lane or a
         faster one marked first, to wait on. The rest (marked by a slower
@@ -165,7 +166,7 @@ class DecodeClaims:
         except (RedisError, OSError) as exc:  # the marks expire by themselves
             self._failopen.failed("release", exc)
 
-    async def wait(self, keys: dict[int, str], until: dict[int, float]) -> set[int]:
+    async def _wait(self, keys: dict[int, str], until: dict[int, float]) -> set[int]:
         """Wait while other workers hold ``keys`` (by the caller's index),
         each no later than its ``until`` (``time.monotonic()``); the indexes
         whose mark is gone. The others ran out of time (or Redis failed)."""
