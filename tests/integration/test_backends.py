@@ -5,6 +5,7 @@ OpenAI-compatible server, as vLLM's would be). vLLM on a GPU: test_vllm.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -16,7 +17,13 @@ from schemas.errors import BackendUnavailable, DeadlineExceeded
 from schemas.messages import ChatMessage, InferenceRequest, Lane, Path, RoutedRequest
 from schemas.settings import BackendSettings
 from streams.tools.embedded import free_port
-from workers.backends.base import Backend, Generation, GenerationInput, create_backend
+from workers.backends.base import (
+    STOPPED,
+    Backend,
+    Generation,
+    GenerationInput,
+    create_backend,
+)
 from workers.execution import Executor, backend_slots
 from workers.models import resolve_gguf
 
@@ -93,6 +100,23 @@ async def test_openai_backend_against_a_real_server(openai_server: str) -> None:
     finally:
         await backend.close()
     assert all(isinstance(o, Generation) and o.text and o.completion_tokens > 0 for o in outcomes)
+
+
+async def test_openai_backend_stops_a_request_no_longer_wanted(openai_server: str) -> None:
+    backend = create_backend("openai", "smollm2", BackendSettings(openai_base_url=openai_server))
+    await backend.load()
+    unwanted = asyncio.Event()
+    story = ask("Write a long story about a dragon.", max_tokens=400)
+    story = dataclasses.replace(story, unwanted=unwanted)
+    setting = asyncio.get_running_loop().call_later(0.5, unwanted.set)
+    began = time.monotonic()
+    try:
+        (outcome,) = await backend.infer_batch([story])
+    finally:
+        setting.cancel()
+        await backend.close()
+    assert isinstance(outcome, DeadlineExceeded) and outcome.message == STOPPED
+    assert time.monotonic() - began < 5, "the HTTP request was dropped at once"
 
 
 async def test_breaker_opens_on_a_dead_server_and_closes_when_it_is_back() -> None:

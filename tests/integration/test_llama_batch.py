@@ -19,7 +19,7 @@ from schemas.errors import BackendUnavailable, DeadlineExceeded
 from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
 from streams.tools.bench import HARD_PROMPTS, SIMPLE_PROMPTS
-from workers.backends.base import Generation, GenerationInput, Outcome
+from workers.backends.base import STOPPED, Generation, GenerationInput, Outcome
 from workers.backends.llama_batch import extra_buffers_work
 from workers.backends.llamacpp import LlamaCppBackend
 
@@ -108,6 +108,22 @@ async def test_deadlines_cut_each_sequence_on_its_own(smollm2: LlamaCppBackend) 
     assert isinstance(cut_later, DeadlineExceeded) and "cut off" in cut_later.message
     assert generation(done).completion_tokens == 30
     assert generation(quick).completion_tokens <= 8
+
+
+async def test_a_sequence_no_longer_wanted_stops_and_its_batch_mate_answers_as_alone(
+    smollm2: LlamaCppBackend,
+) -> None:
+    question = "What is the capital of France?"
+    alone = generation((await smollm2.infer_batch([ask(question)]))[0])
+    unwanted = asyncio.Event()
+    story = ask("Write a long story about a dragon.", max_tokens=400, unwanted=unwanted)
+    setting = asyncio.get_running_loop().call_later(0.5, unwanted.set)
+    began = time.monotonic()
+    stopped, kept = await smollm2.infer_batch([story, ask(question)])
+    setting.cancel()
+    assert isinstance(stopped, DeadlineExceeded) and stopped.message == STOPPED
+    assert time.monotonic() - began < 5, "it stopped, rather than writing 400 tokens"
+    assert generation(kept).text == alone.text
 
 
 async def test_stop_strings_and_usage_through_the_backend(smollm2: LlamaCppBackend) -> None:

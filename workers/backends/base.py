@@ -4,11 +4,12 @@ only when that backend is chosen."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from schemas.errors import (
     BackendUnavailable,
@@ -21,12 +22,14 @@ from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
 
 __all__ = [
+    "STOPPED",
     "Backend",
     "Generation",
     "GenerationInput",
     "Outcome",
     "create_backend",
     "map_backend_exception",
+    "until_unwanted",
 ]
 
 
@@ -43,6 +46,10 @@ class GenerationInput:
     """The request's own stop strings: the answer ends before the first one."""
     seed: int | None = None
     """Seed of the request's sampling RNG at ``temperature > 0`` (``None`` = 0)."""
+    unwanted: asyncio.Event | None = None
+    """Set when the answer is no longer wanted (another worker's reached the
+    cache first): the backend stops generating it and answers ``STOPPED``
+    (``until_unwanted``). A backend that cannot stop finishes it."""
 
     def remaining_s(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
@@ -95,6 +102,35 @@ def create_backend(kind: str, model: str, settings: BackendSettings) -> Backend:
         raise BackendUnavailable(f"backend {kind!r} cannot be imported{hint}: {exc}") from exc
     backend: Backend = getattr(module, class_name)(model, settings)
     return backend
+
+
+T = TypeVar("T")
+
+STOPPED = "stopped: its answer reached the cache from another worker"
+"""The message of the ``DeadlineExceeded`` a stopped generation answers; the
+lane worker answers such a request from the cache instead, so no client
+sees it."""
+
+
+async def until_unwanted(work: Awaitable[T], unwanted: asyncio.Event | None) -> T | LanewayError:
+    """``work``'s result, or ``DeadlineExceeded(STOPPED)`` as soon as
+    ``unwanted`` is set first; ``work`` is then cancelled (a decoder drops a
+    sequence whose future is cancelled, vLLM aborts the request, an HTTP
+    request is closed)."""
+    if unwanted is None:
+        return await work
+    running = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(unwanted.wait())
+    try:
+        await asyncio.wait({running, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not running.done():
+            running.cancel()
+            await asyncio.wait({running})  # its clean-up (an abort) done before the answer
+    if not running.cancelled():
+        return running.result()
+    return DeadlineExceeded(STOPPED)
 
 
 def map_backend_exception(exc: BaseException) -> LanewayError:

@@ -25,7 +25,7 @@ from typing import Any
 from schemas.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, LanewayError
 from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
-from workers.backends.base import Generation, GenerationInput, Outcome
+from workers.backends.base import Generation, GenerationInput, Outcome, until_unwanted
 from workers.backends.llama_batch import BatchDecoder, Decoded, SequenceRequest
 from workers.models import prompt_style, resolve_gguf
 
@@ -131,7 +131,12 @@ class LlamaCppBackend:
         futures = decoder.submit([request for _, _, request in requests])
         waiting = [asyncio.wrap_future(f) for f in futures]
         try:
-            results = await asyncio.gather(*waiting)
+            results = await asyncio.gather(
+                *(
+                    until_unwanted(future, inputs[i].unwanted)
+                    for (i, _, _), future in zip(requests, waiting, strict=True)
+                )
+            )
         finally:
             for future in waiting:  # when cancelled: the decoder drops the sequences
                 future.cancel()

@@ -12,7 +12,13 @@ import httpx
 
 from schemas.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, LanewayError
 from schemas.settings import BackendSettings
-from workers.backends.base import Generation, GenerationInput, Outcome, map_backend_exception
+from workers.backends.base import (
+    Generation,
+    GenerationInput,
+    Outcome,
+    map_backend_exception,
+    until_unwanted,
+)
 
 __all__ = ["OpenAIBackend"]
 
@@ -39,7 +45,12 @@ class OpenAIBackend:
     async def infer_batch(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
         if self._client is None:
             raise BackendUnavailable("openai backend is not loaded")
-        return list(await asyncio.gather(*(self._one(self._client, item) for item in inputs)))
+        client = self._client
+        return list(
+            await asyncio.gather(
+                *(until_unwanted(self._one(client, item), item.unwanted) for item in inputs)
+            )
+        )
 
     async def _one(self, client: httpx.AsyncClient, item: GenerationInput) -> Outcome:
         body: dict[str, Any] = {

@@ -43,7 +43,13 @@ from schemas.errors import (
 )
 from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
-from workers.backends.base import Generation, GenerationInput, Outcome, map_backend_exception
+from workers.backends.base import (
+    Generation,
+    GenerationInput,
+    Outcome,
+    map_backend_exception,
+    until_unwanted,
+)
 
 __all__ = [
     "VLLMBackend",
@@ -107,14 +113,19 @@ async def last_before_deadline(
 ) -> T | DeadlineExceeded | None:
     """The last item of ``stream``, or ``DeadlineExceeded`` once ``deadline``
     passes first, after ``abort()`` (which frees the request's slot in the
-    engine at once). The stream is closed either way; errors it raises
-    propagate. ``None``: the stream ended without an item."""
+    engine at once). Cancelled (its answer no longer wanted), it aborts too.
+    The stream is closed either way; errors it raises propagate. ``None``:
+    the stream ended without an item."""
     timer = asyncio.timeout(time_left(deadline, time.monotonic()))
     last: T | None = None
     try:
         async with timer:
             async for item in stream:
                 last = item
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await abort()
+        raise
     except TimeoutError:
         if not timer.expired():
             raise  # a timeout of the engine's own, not the deadline
@@ -256,7 +267,11 @@ class VLLMBackend:
     async def infer_batch(self, inputs: Sequence[GenerationInput]) -> list[Outcome]:
         if self._engine is None:
             raise BackendUnavailable(f"vLLM model {self.model} is not loaded")
-        return list(await asyncio.gather(*(self._one(item) for item in inputs)))
+        return list(
+            await asyncio.gather(
+                *(until_unwanted(self._one(item), item.unwanted) for item in inputs)
+            )
+        )
 
     async def _one(self, item: GenerationInput) -> Outcome:
         engine = self._engine

@@ -21,7 +21,7 @@ from schemas.errors import (
 )
 from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
-from workers.backends.base import Generation, GenerationInput
+from workers.backends.base import STOPPED, Generation, GenerationInput, until_unwanted
 from workers.backends.vllm import (
     VLLMBackend,
     generation_from,
@@ -151,6 +151,17 @@ async def test_the_deadline_aborts_the_request_and_closes_its_stream() -> None:
     assert "cut off at the request's deadline" in outcome.message
     assert stream.aborts == 1 and stream.closed
     assert time.monotonic() - started < 2
+
+
+async def test_a_generation_no_longer_wanted_aborts_its_request() -> None:
+    stream = Stream(100, every_s=10.0)
+    unwanted = asyncio.Event()
+    work = last_before_deadline(stream.run(), None, stream.abort)
+    stopping = asyncio.get_running_loop().call_later(0.05, unwanted.set)
+    outcome = await until_unwanted(work, unwanted)
+    stopping.cancel()
+    assert isinstance(outcome, DeadlineExceeded) and outcome.message == STOPPED
+    assert stream.aborts == 1 and stream.closed
 
 
 async def test_a_failing_abort_still_answers_inf_503() -> None:
