@@ -283,8 +283,16 @@ class Executor:
             return None
         return routed.version
 
-    async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
-        """One ``Finished`` per request, in the order of ``batch``."""
+    async def execute(
+        self,
+        batch: Sequence[RoutedRequest],
+        unwanted: Mapping[int, asyncio.Event] | None = None,
+    ) -> list[Finished]:
+        """One ``Finished`` per request, in the order of ``batch``.
+        ``unwanted``: by index in ``batch``, an event set when that answer is
+        no longer wanted; its backend may then stop generating it
+        (``GenerationInput.unwanted``) and it fails with ``STOPPED``."""
+        unwanted = unwanted or {}
         started_ms = _now_ms()
         done: dict[int, Finished] = {}
         live: dict[tuple[Path, str | None, bool], list[int]] = {}
@@ -300,7 +308,10 @@ class Executor:
                 live.setdefault(key, []).append(i)
         for (path, version, shadow), indexes in live.items():
             group = [batch[i] for i in indexes]
-            finished = await self._run_path(path, group, len(batch), version, shadow=shadow)
+            stops = [unwanted.get(i) for i in indexes]
+            finished = await self._run_path(
+                path, group, len(batch), version, shadow=shadow, stops=stops
+            )
             done.update(zip(indexes, finished, strict=True))
         return [done[i] for i in range(len(batch))]
 
@@ -327,6 +338,7 @@ class Executor:
         version: str | None = None,
         *,
         shadow: bool = False,
+        stops: Sequence[asyncio.Event | None] | None = None,
     ) -> list[Finished]:
         """Run ``group`` on its path (and ``version``); what fails there for
         the backend's sake (unreachable, CUDA, out of memory) or meets an
@@ -352,7 +364,12 @@ class Executor:
                 continue
             started_ms = _now_ms()
             try:
-                model, outcomes = await self._run_on(slot, [group[i] for i in pending], started_ms)
+                model, outcomes = await self._run_on(
+                    slot,
+                    [group[i] for i in pending],
+                    started_ms,
+                    [stops[i] for i in pending] if stops is not None else None,
+                )
             except BaseException:
                 slot.breaker.record(ok=False)  # a half-open probe must never stay open
                 raise
@@ -401,16 +418,25 @@ class Executor:
         return [done[i] for i in range(len(group))]
 
     async def _run_on(
-        self, slot: BackendSlot, group: list[RoutedRequest], started_ms: float
+        self,
+        slot: BackendSlot,
+        group: list[RoutedRequest],
+        started_ms: float,
+        stops: Sequence[asyncio.Event | None] | None = None,
     ) -> tuple[str | None, list[Generation | LanewayError]]:
         try:
             backend = await slot.get()
         except LanewayError as error:
             return None, [error] * len(group)
-        inputs = [self._input(routed, started_ms) for routed in group]
+        stops = stops if stops is not None else [None] * len(group)
+        inputs = [
+            self._input(routed, started_ms, stop) for routed, stop in zip(group, stops, strict=True)
+        ]
         return f"{backend.kind}:{backend.model}", await _infer_splitting(backend, inputs)
 
-    def _input(self, routed: RoutedRequest, now_ms: float) -> GenerationInput:
+    def _input(
+        self, routed: RoutedRequest, now_ms: float, unwanted: asyncio.Event | None = None
+    ) -> GenerationInput:
         remaining = routed.remaining_ms(int(now_ms))
         request = routed.request
         messages = with_history(request, routed.history)
@@ -423,6 +449,7 @@ class Executor:
             deadline=None if remaining is None else time.monotonic() + remaining / 1000,
             stop=request.stop,
             seed=request.seed,
+            unwanted=unwanted,
         )
 
     def _result(

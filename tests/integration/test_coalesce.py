@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aiokafka import ConsumerRecord
 
@@ -31,9 +31,13 @@ class CountingExecutor(Executor):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.ran: list[str] = []
 
-    async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
+    async def execute(
+        self,
+        batch: Sequence[RoutedRequest],
+        unwanted: Mapping[int, asyncio.Event] | None = None,
+    ) -> list[Finished]:
         self.ran += [routed.request.id for routed in batch]
-        return await super().execute(batch)
+        return await super().execute(batch, unwanted)
 
 
 async def fetched_by_a_worker(
@@ -124,10 +128,14 @@ class HeldExecutor(CountingExecutor):
         super().__init__(*args, **kwargs)
         self.release = asyncio.Event()
 
-    async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
+    async def execute(
+        self,
+        batch: Sequence[RoutedRequest],
+        unwanted: Mapping[int, asyncio.Event] | None = None,
+    ) -> list[Finished]:
         self.ran += [routed.request.id for routed in batch]
         await self.release.wait()
-        return await Executor.execute(self, batch)
+        return await Executor.execute(self, batch, unwanted)
 
 
 async def until_started(executor: CountingExecutor) -> None:

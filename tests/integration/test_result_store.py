@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 import redis.asyncio as aioredis
@@ -116,7 +117,11 @@ async def test_redelivered_batch_is_answered_from_the_store(settings: Settings) 
 class CrashingExecutor(Executor):
     """Processing that kills the worker, as a bug on one record would."""
 
-    async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
+    async def execute(
+        self,
+        batch: Sequence[RoutedRequest],
+        unwanted: Mapping[int, asyncio.Event] | None = None,
+    ) -> list[Finished]:
         if batch:
             raise RuntimeError("segfault-like crash")
         return []
@@ -150,10 +155,14 @@ class PoisonExecutor(Executor):
     """Rules answers, except that a batch holding the poison prompt kills the
     worker, as a bug on one record would."""
 
-    async def execute(self, batch: Sequence[RoutedRequest]) -> list[Finished]:
+    async def execute(
+        self,
+        batch: Sequence[RoutedRequest],
+        unwanted: Mapping[int, asyncio.Event] | None = None,
+    ) -> list[Finished]:
         if any(routed.request.prompt == POISON for routed in batch):
             raise RuntimeError("segfault-like crash")
-        return await super().execute(batch)
+        return await super().execute(batch, unwanted)
 
 
 async def test_a_poison_record_is_dead_lettered_alone_and_its_batch_mates_answered(
