@@ -11,6 +11,10 @@ a model to a ``BatchRunner``, which answers each distinct question once:
 3. none for a request another worker has marked as decoding
    (``workers.claims``): it waits for that answer to reach the cache.
 
+A question this worker decodes whose answer another worker stores first
+(a realtime copy, which never waits on a slower lane's mark) stops
+decoding and is answered from the cache (``_decode``).
+
 Copies of one question whose answer never came (another worker's decode
 failed, or the wait gave up) run once for them all, not once each; only
 when that run fails too, or when this worker's own decode failed, does each
@@ -55,6 +59,17 @@ COALESCED = Counter(
     "or on another worker",
     ["lane"],
 )
+
+STOPPED = Counter(
+    "laneway_decodes_stopped_total",
+    "Decodes a worker stopped because another worker's answer to the same question "
+    "reached the cache first; the request was answered from the cache",
+    ["lane"],
+)
+
+WATCH_S = 0.1
+"""How often a batch asks whether the answers it is decoding reached the
+cache from another worker."""
 
 Item = tuple[RecordKey, RoutedRequest]
 
@@ -114,7 +129,11 @@ class BatchRunner:
             mine = [i for i in ours if i not in theirs]
             if theirs:
                 joining = asyncio.create_task(self._join(theirs, leaders))
-            finished = await self.executor.execute([leaders[i][1] for i in mine]) if mine else []
+            finished = (
+                await self._decode([leaders[i][1] for i in mine], [ours[i] for i in mine])
+                if mine
+                else []
+            )
             self.in_flight.settle([ours[i] for i in mine], [item.result for item in finished])
             await self._keep(finished)
             await self._let_go(marked)  # the workers waiting on them find them now
@@ -185,6 +204,60 @@ class BatchRunner:
                 for event in traced(attempt_events(item, self.settings), traces[key[:3]])
             ],
         )
+
+    async def _decode(
+        self, requests: list[RoutedRequest], answer_keys: list[str | None]
+    ) -> list[Finished]:
+        """Run this worker's ``requests``; one whose answer reaches the cache
+        from another worker while it decodes (a realtime copy that did not
+        wait for this slower lane's mark, or the other way round) is
+        stopped and answered from the cache, freeing its place in the
+        batch. A backend that cannot stop finishes it, and that answer
+        stands."""
+        watched = {n: key for n, key in enumerate(answer_keys) if key is not None}
+        if self.cache is None or self.claims is None or not watched:
+            return await self.executor.execute(requests)
+        unwanted = {n: asyncio.Event() for n in watched}
+        watching = asyncio.create_task(self._watch(watched, unwanted))
+        try:
+            finished = await self.executor.execute(requests, unwanted)
+        finally:
+            watching.cancel()
+            await asyncio.wait({watching})
+        stopped = [
+            n
+            for n, event in unwanted.items()
+            if event.is_set() and finished[n].result.status != "ok"
+        ]
+        if not stopped:
+            return finished
+        STOPPED.labels(self.lane).inc(len(stopped))
+        hits = await asyncio.gather(*(self._look_up(requests[n]) for n in stopped))
+        now_ms = int(time.time() * 1000)
+        again: list[int] = []
+        for n, hit in zip(stopped, hits, strict=True):
+            if hit is None:  # gone again (evicted): decode it after all
+                again.append(n)
+                continue
+            answer = cached_result(requests[n], hit, self.lane, now_ms)
+            finished[n] = Finished(requests[n], answer, finished[n].failed)
+        if again:
+            rerun = await self.executor.execute([requests[n] for n in again])
+            for n, item in zip(again, rerun, strict=True):
+                finished[n] = item
+        return finished
+
+    async def _watch(self, watched: dict[int, str], unwanted: dict[int, asyncio.Event]) -> None:
+        """Every ``WATCH_S``, set the event of each watched answer key that
+        has a cache entry now, until all are set (or cancelled)."""
+        assert self.cache is not None
+        pending = dict(watched)
+        while pending:
+            await asyncio.sleep(WATCH_S)
+            found = await self.cache.present(list(pending.values()))
+            for n in [n for n, key in pending.items() if key in found]:
+                unwanted[n].set()
+                del pending[n]
 
     async def _keep(self, finished: Sequence[Finished]) -> None:
         """Store the answers just decoded in the response cache (it keeps

@@ -492,6 +492,23 @@ class ResponseCache:
             out[i] = hit
         return out
 
+    async def present(self, keys: Sequence[str]) -> set[str]:
+        """Which of the exact ``keys`` have an entry now, in one round trip
+        (a worker asks while it decodes them: another worker may have
+        answered first). Never raises: nothing is present when Redis fails."""
+        if not keys or self._failopen.resting():
+            return set()
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.exists(self.entry_key(key))
+                found = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self._failopen.failed("present", exc)
+            return set()
+        self._failopen.answered()
+        return {key for key, there in zip(keys, found, strict=True) if there}
+
     # -- evict -------------------------------------------------------------
 
     async def evict(self, key: str) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from schemas.errors import BackendUnavailable
 from schemas.messages import InferenceResult, Lane, Path
@@ -236,6 +237,49 @@ async def test_copies_whose_answer_never_came_run_once_for_them_all(stack: Stack
     assert results["m1"].path == Path.LIGHT
     assert results["m2"].output == results["m3"].output == results["m1"].output
     assert results["m2"].path == results["m3"].path == Path.CACHE
+
+
+async def test_a_decode_whose_answer_another_worker_stored_stops_and_answers_from_it(
+    stack: Stack,
+) -> None:
+    """A medium worker decodes a long answer (about 9 s on SmolLM2) when
+    another worker stores its answer to the same question (a realtime copy,
+    which never waits on a slower lane's mark): the medium decode stops and
+    its request is answered from the cache."""
+    own = stack.settings
+    story = "Write a long story about a dragon who learns to bake bread."
+    request, copy = ask("m", story, max_tokens=400), ask("r", story, max_tokens=400)
+    counting = CountingExecutor(Lane.MEDIUM, backend_slots(BackendSettings(heavy="rules")))
+    medium = await started(stack, Lane.MEDIUM, counting)
+    stopped = REGISTRY.get_sample_value("laneway_decodes_stopped_total", {"lane": "medium"}) or 0
+    try:
+        await produce_to_lane(own, routed_now(request, own.replies_topic, lane=Lane.MEDIUM))
+        decoding = asyncio.create_task(medium.process(await fetch_lane_records(medium, 1)))
+        await until_started(counting)
+        await asyncio.sleep(0.5)
+        assert not decoding.done()
+        cache = ResponseCache(
+            stack.redis, own.cache, key_prefix=own.redis.key_prefix, embedder=None
+        )
+        theirs = InferenceResult(
+            id="r",
+            status="ok",
+            output="Once upon a time, a dragon baked bread.",
+            lane=Lane.REALTIME,
+            path=Path.LIGHT,
+            model="llamacpp:smollm2-135m",
+        )
+        assert await cache.store(copy, theirs, context_digest([]))
+        await asyncio.wait_for(decoding, timeout=30)
+    finally:
+        await medium.close()
+    assert counting.ran == ["m"]
+    result = (await results_by_id(own))["m"]
+    assert result.status == "ok" and result.path == Path.CACHE
+    assert result.output == theirs.output
+    assert result.model == "cache:exact:llamacpp:smollm2-135m"
+    after = REGISTRY.get_sample_value("laneway_decodes_stopped_total", {"lane": "medium"})
+    assert after == stopped + 1
 
 
 async def test_marks_set_by_a_claim_cancelled_mid_flight_are_let_go(stack: Stack) -> None:
