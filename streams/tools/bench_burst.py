@@ -8,8 +8,9 @@ to the router, through an embedded stack with two medium workers (so that
 copies reach several workers: realtime, both medium ones, bulk). The same
 burst then goes through a stack whose workers set no marks
 (``LANEWAY_CACHE_CLAIM_TTL_S=0``), each decoding its own copy. Counted:
-how many answers a model decoded, how many came from the cache, and the
-burst's latency.
+how many answers a model decoded, how many came from the cache, how many
+decodes were stopped part-way because another worker's answer came first
+(``laneway_decodes_stopped_total``), and the burst's latency.
 """
 
 from __future__ import annotations
@@ -87,5 +88,8 @@ def burst(settings: Settings, args: argparse.Namespace) -> int:
         f"{unmarked.p50_ms:.0f} ms, p99 {marked.p99_ms:.0f} ms against {unmarked.p99_ms:.0f} ms"
     )
     for row in (marked, unmarked):
-        print(f"decoded by lane, {row.engine}: {_by_lane(row)}")
+        print(
+            f"decoded by lane, {row.engine}: {_by_lane(row)}; "
+            f"stopped part-way, answered from the cache: {row.stopped}"
+        )
     return 1 if marked.lost or unmarked.lost else 0

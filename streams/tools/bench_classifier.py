@@ -33,7 +33,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.kafka.topics import create_topics, wait_for_broker
 from streams.tools.embedded import EmbeddedBroker, EmbeddedRedis, free_port
-from streams.tools.supervisor import is_ready
+from streams.tools.supervisor import is_ready, metric_total
 
 __all__ = [
     "Classifier",
@@ -156,15 +155,7 @@ def cpu_seconds(pid: int | None) -> float | None:
 def batches_taken(port: int) -> float | None:
     """``laneway_classifier_batch_size_count`` from the classifier's
     /metrics (``None`` for a classifier without it, e.g. the baseline)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("laneway_classifier_batch_size_count"):
-            return float(line.split()[-1])
-    return None
+    return metric_total(port, "laneway_classifier_batch_size_count")
 
 
 class Classifier:

@@ -97,9 +97,14 @@ class CompareRow:
     """The errors by code."""
     decoded_by_lane: dict[str, int]
     """Per lane, the answers a model decoded there (not cache, not rules)."""
+    stopped: int = 0
+    """Decodes the workers stopped part-way because another worker's answer
+    reached the cache first (answered from there, so not in ``decoded_by_lane``)."""
 
 
-def compare_row(engine: str, samples: list[Sample], started: float, lost: int) -> CompareRow:
+def compare_row(
+    engine: str, samples: list[Sample], started: float, lost: int, stopped: int = 0
+) -> CompareRow:
     latencies = sorted(s.latency_ms for s in samples)
     seconds = max((s.finished_at for s in samples), default=started) - started
     return CompareRow(
@@ -120,6 +125,7 @@ def compare_row(engine: str, samples: list[Sample], started: float, lost: int) -
         },
         codes=dict(Counter(s.code for s in samples if s.status != "ok")),
         decoded_by_lane=dict(Counter(s.lane for s in samples if s.path in MODEL_PATHS)),
+        stopped=stopped,
     )
 
 
@@ -157,9 +163,10 @@ def run_once(
                 client_kind=args.client,
             )
         )
+        stopped = int(stack.metric_total("laneway_decodes_stopped_total", "worker-"))
     finally:
         stack.stop()
-    return compare_row(engine, samples, started, lost)
+    return compare_row(engine, samples, started, lost, stopped)
 
 
 def format_compare(rows: list[CompareRow]) -> str:

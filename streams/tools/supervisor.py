@@ -262,6 +262,16 @@ class Stack:
         while not stop.wait(0.5):
             self.supervise_once()
 
+    def metric_total(self, name: str, children: str = "") -> float:
+        """The sum of metric ``name`` over the children whose name starts
+        with ``children`` (``metric_total``; 0 for those without it)."""
+        found = [
+            metric_total(child.http_port, name)
+            for child in self.children
+            if child.name.startswith(children)
+        ]
+        return sum(value for value in found if value is not None)
+
     def stop(self, timeout_s: float = 45.0) -> None:
         """SIGTERM every child and wait (workers drain up to 30 s), then
         SIGKILL what is left; then the broker and Valkey."""
@@ -320,3 +330,20 @@ def is_ready(port: int) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+def metric_total(port: int, name: str) -> float | None:
+    """The sum of every sample of ``name`` (all its labels) on the /metrics
+    of the laneway process serving ``port``; ``None`` when it does not
+    answer or does not export it."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((f"{name} ", f"{name}{{"))
+    ]
+    return sum(values) if values else None

@@ -1,4 +1,5 @@
 import pytest
+from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from schemas.errors import DeadlineExceeded, RateLimited
 from schemas.messages import InferenceResult, Timings
@@ -16,6 +17,8 @@ from streams.tools.bench import (
 from streams.tools.bench_burst import QUESTIONS, burst_workload
 from streams.tools.bench_compare import compare_row
 from streams.tools.cli import _parser
+from streams.tools.embedded import free_port
+from streams.tools.supervisor import metric_total
 
 
 def test_mixed_workload_shape() -> None:
@@ -155,3 +158,21 @@ def test_the_stacks_a_bench_starts_log_to_a_file_unless_verbose() -> None:
     assert quiet.verbose is False and quiet.log_file is None  # then ~/.cache/laneway/logs
     loud = _parser().parse_args(["bench", "--compare", "-v", "--log-file", "/tmp/b.log"])
     assert loud.verbose is True and str(loud.log_file) == "/tmp/b.log"
+
+
+def test_a_metric_is_summed_over_its_labels_from_a_process_metrics() -> None:
+    registry = CollectorRegistry()
+    stopped = Counter(
+        "laneway_decodes_stopped_total", "decodes stopped", ["lane"], registry=registry
+    )
+    stopped.labels("medium").inc(2)
+    stopped.labels("bulk").inc()
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        assert metric_total(port, "laneway_decodes_stopped_total") == 3.0
+        assert metric_total(port, "laneway_no_such_total") is None
+    finally:
+        server.shutdown()
+        thread.join()
+    assert metric_total(port, "laneway_decodes_stopped_total") is None, "no one answers"
