@@ -218,12 +218,17 @@ class BatchRunner:
         if self.cache is None or self.claims is None or not watched:
             return await self.executor.execute(requests)
         unwanted = {n: asyncio.Event() for n in watched}
-        watching = asyncio.create_task(self._watch(watched, unwanted))
+        decoded = asyncio.Event()
+        watching = asyncio.create_task(self._watch(watched, unwanted, decoded))
         try:
             finished = await self.executor.execute(requests, unwanted)
         finally:
+            # The watcher also ends on ``decoded``: redis-py can swallow a
+            # cancel that lands mid-command (redis/redis-py#2028), and a
+            # watcher that went on polling held this batch forever.
+            decoded.set()
             watching.cancel()
-            await asyncio.wait({watching})
+            await asyncio.wait({watching}, timeout=WATCH_S * 10)
         stopped = [
             n
             for n, event in unwanted.items()
@@ -247,13 +252,17 @@ class BatchRunner:
                 finished[n] = item
         return finished
 
-    async def _watch(self, watched: dict[int, str], unwanted: dict[int, asyncio.Event]) -> None:
+    async def _watch(
+        self, watched: dict[int, str], unwanted: dict[int, asyncio.Event], decoded: asyncio.Event
+    ) -> None:
         """Every ``WATCH_S``, set the event of each watched answer key that
-        has a cache entry now, until all are set (or cancelled)."""
+        has a cache entry now, until all are set or ``decoded`` is."""
         assert self.cache is not None
         pending = dict(watched)
-        while pending:
+        while pending and not decoded.is_set():
             await asyncio.sleep(WATCH_S)
+            if decoded.is_set():
+                return
             found = await self.cache.present(list(pending.values()))
             for n in [n for n, key in pending.items() if key in found]:
                 unwanted[n].set()
