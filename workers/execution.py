@@ -338,7 +338,7 @@ class Executor:
         version: str | None = None,
         *,
         shadow: bool = False,
-        stops: Sequence[asyncio.Event | None] | None = None,
+        stops: Sequence[asyncio.Event | None],
     ) -> list[Finished]:
         """Run ``group`` on its path (and ``version``); what fails there for
         the backend's sake (unreachable, CUDA, out of memory) or meets an
@@ -368,7 +368,7 @@ class Executor:
                     slot,
                     [group[i] for i in pending],
                     started_ms,
-                    [stops[i] for i in pending] if stops is not None else None,
+                    [stops[i] for i in pending],
                 )
             except BaseException:
                 slot.breaker.record(ok=False)  # a half-open probe must never stay open
@@ -422,13 +422,12 @@ class Executor:
         slot: BackendSlot,
         group: list[RoutedRequest],
         started_ms: float,
-        stops: Sequence[asyncio.Event | None] | None = None,
+        stops: Sequence[asyncio.Event | None],
     ) -> tuple[str | None, list[Generation | LanewayError]]:
         try:
             backend = await slot.get()
         except LanewayError as error:
             return None, [error] * len(group)
-        stops = stops if stops is not None else [None] * len(group)
         inputs = [
             self._input(routed, started_ms, stop) for routed, stop in zip(group, stops, strict=True)
         ]

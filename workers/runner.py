@@ -104,12 +104,11 @@ class BatchRunner:
         if self.cache is None:
             return []
         fresh = [(key, routed) for key, routed in fresh if not routed.shadow]  # runs its version
-        hits = await asyncio.gather(*(self._look_up(routed) for _, routed in fresh))
-        now_ms = int(time.time() * 1000)
+        results = await self._from_cache([routed for _, routed in fresh])
         found: list[Answer] = [
-            (key, routed, cached_result(routed, hit, self.lane, now_ms))
-            for (key, routed), hit in zip(fresh, hits, strict=True)
-            if hit is not None
+            (key, routed, result)
+            for (key, routed), result in zip(fresh, results, strict=True)
+            if result is not None
         ]
         if found:
             COALESCED.labels(self.lane).inc(len(found))
@@ -237,14 +236,12 @@ class BatchRunner:
         if not stopped:
             return finished
         STOPPED.labels(self.lane).inc(len(stopped))
-        hits = await asyncio.gather(*(self._look_up(requests[n]) for n in stopped))
-        now_ms = int(time.time() * 1000)
+        cached = await self._from_cache([requests[n] for n in stopped])
         again: list[int] = []
-        for n, hit in zip(stopped, hits, strict=True):
-            if hit is None:  # gone again (evicted): decode it after all
+        for n, answer in zip(stopped, cached, strict=True):
+            if answer is None:  # gone again (evicted): decode it after all
                 again.append(n)
                 continue
-            answer = cached_result(requests[n], hit, self.lane, now_ms)
             finished[n] = Finished(requests[n], answer, finished[n].failed)
         if again:
             rerun = await self.executor.execute([requests[n] for n in again])
@@ -302,18 +299,24 @@ class BatchRunner:
         assert self.claims is not None
         requests = {i: leaders[i][1] for i in theirs}
         gone = sorted(await self.claims.outwait(theirs, requests))
-        hits = await asyncio.gather(*(self._look_up(requests[i]) for i in gone))
-        found = {i: hit for i, hit in zip(gone, hits, strict=True) if hit is not None}
-        now_ms = int(time.time() * 1000)
-        return {
-            i: cached_result(requests[i], found[i], self.lane, now_ms) if i in found else None
-            for i in theirs
-        }
+        cached = await self._from_cache([requests[i] for i in gone])
+        found = dict(zip(gone, cached, strict=True))
+        return {i: found.get(i) for i in theirs}
 
     async def _let_go(self, marked: list[str]) -> None:
         if self.claims is not None:
             await self.claims.let_go(marked)
 
-    async def _look_up(self, routed: RoutedRequest) -> CacheHit | None:
-        assert self.cache is not None
-        return await self.cache.lookup(routed.request, context_digest(routed.history))
+    async def _from_cache(self, requests: Sequence[RoutedRequest]) -> list[InferenceResult | None]:
+        """Each request's exact answer in the cache, as this lane's result
+        (``None`` where there is none)."""
+        cache = self.cache
+        assert cache is not None
+        hits: list[CacheHit | None] = await asyncio.gather(
+            *(cache.lookup(routed.request, context_digest(routed.history)) for routed in requests)
+        )
+        now_ms = int(time.time() * 1000)
+        return [
+            cached_result(routed, hit, self.lane, now_ms) if hit is not None else None
+            for routed, hit in zip(requests, hits, strict=True)
+        ]
