@@ -224,8 +224,9 @@ async def test_copies_whose_answer_never_came_run_once_for_them_all(stack: Stack
     counting = CountingExecutor(Lane.MEDIUM, backend_slots(RULES))
     medium = await started(stack, Lane.MEDIUM, counting)
     try:
-        for request in copies:
-            await produce_to_lane(own, routed_now(request, own.replies_topic, lane=Lane.MEDIUM))
+        for request in copies:  # one partition, so m1 comes first
+            routed = routed_now(request, own.replies_topic, lane=Lane.MEDIUM)
+            await produce_to_lane(own, routed, key="m1")
         records = await fetch_lane_records(medium, len(copies))
         await stack.redis.set(mark, "medium:gone", px=1_000)
         await medium.process(records)
