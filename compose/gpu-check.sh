@@ -6,7 +6,8 @@
 #
 # It installs laneway[gpu,test] into a virtualenv of its own, runs the GPU
 # tests (tests/integration/test_vllm.py: a batch of different prompts,
-# concurrent batches, a deadline cut, greedy answers alone = batched) and the
+# concurrent batches, a deadline cut, greedy answers alone = batched; the
+# backend's decisions and the vLLM API it calls, tests/unit/workers/) and the
 # batching bench (batches of 1, 8 and 32), and writes the figures to one file,
 # whose path it prints last. The install is not timed; the tests and the
 # bench run under 5 minutes (each has a timeout).
@@ -145,7 +146,7 @@ tests_started=$SECONDS
 # Eager mode: the engine loads in seconds; the bench below measures the
 # compiled engine with CUDA graphs, as served.
 LANEWAY_BACKEND_VLLM_ENFORCE_EAGER=true timeout -k "$KILL_AFTER_S" "$TESTS_TIMEOUT_S" "$PY" -m pytest \
-    tests/integration/test_vllm.py tests/unit/workers/test_vllm.py \
+    tests/integration/test_vllm.py tests/unit/workers/test_vllm.py tests/unit/workers/test_vllm_api.py \
     -p no:cacheprovider -rA -s --junitxml "$OUT_DIR/tests.xml" 2>&1 | tee "$OUT_DIR/tests.txt" \
     || status=1
 tests_s=$((SECONDS - tests_started))

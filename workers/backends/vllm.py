@@ -17,9 +17,11 @@ answers ``CUDA-ERR`` too; execution then drops the engine and the probe
 after the breaker's cooldown loads a fresh one.
 
 The decisions are plain functions, tested without vLLM or a GPU
-(``tests/unit/workers/test_vllm.py``): ``model_source``, ``sampling_options``,
-``time_left``, ``last_before_deadline``, ``map_vllm_exception`` and
-``generation_from``.
+(``tests/unit/workers/test_vllm.py``): ``model_source``, ``engine_options``,
+``sampling_options``, ``time_left``, ``last_before_deadline``,
+``map_vllm_exception`` and ``generation_from``; that vLLM takes what they
+make is checked against the installed vllm, on the CPU
+(``tests/unit/workers/test_vllm_api.py``, skipped without ``laneway[gpu]``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from workers.backends.base import (
 
 __all__ = [
     "VLLMBackend",
+    "engine_options",
     "generation_from",
     "last_before_deadline",
     "map_vllm_exception",
@@ -78,6 +81,24 @@ def model_source(model: str, model_dir: FsPath | None) -> str:
         f"no Hugging Face model directory (with config.json) for {model!r} at "
         f"{' or '.join(str(c) for c in candidates)} (LANEWAY_BACKEND_VLLM_MODEL_DIR)"
     )
+
+
+def engine_options(model: str, source: str, settings: BackendSettings) -> dict[str, Any]:
+    """vLLM ``AsyncEngineArgs`` keywords for ``model`` loaded from ``source``
+    (``model_source``): the settings' length, memory share and eager mode;
+    ``max_num_seqs`` only where the settings give one (vLLM's own default
+    otherwise)."""
+    options: dict[str, Any] = {
+        "model": source,
+        "served_model_name": model,
+        "max_model_len": settings.vllm_max_model_len,
+        "gpu_memory_utilization": settings.vllm_gpu_memory_utilization,
+        "enforce_eager": settings.vllm_enforce_eager,
+        "disable_log_stats": True,
+    }
+    if settings.vllm_max_num_seqs is not None:
+        options["max_num_seqs"] = settings.vllm_max_num_seqs
+    return options
 
 
 def sampling_options(item: GenerationInput, stops: Sequence[str] = ()) -> dict[str, Any]:
@@ -215,18 +236,7 @@ class VLLMBackend:
         except ImportError as exc:
             raise BackendUnavailable(f"vllm is not installed (laneway[gpu]): {exc}") from exc
         source = model_source(self.model, self._settings.vllm_model_dir)
-        limits = {}
-        if self._settings.vllm_max_num_seqs is not None:
-            limits["max_num_seqs"] = self._settings.vllm_max_num_seqs
-        args = AsyncEngineArgs(
-            model=source,
-            served_model_name=self.model,
-            max_model_len=self._settings.vllm_max_model_len,
-            gpu_memory_utilization=self._settings.vllm_gpu_memory_utilization,
-            enforce_eager=self._settings.vllm_enforce_eager,
-            disable_log_stats=True,
-            **limits,
-        )
+        args = AsyncEngineArgs(**engine_options(self.model, source, self._settings))
         try:
             engine = AsyncLLMEngine.from_engine_args(args)
         except Exception as exc:

@@ -24,6 +24,7 @@ from schemas.settings import BackendSettings
 from workers.backends.base import STOPPED, Generation, GenerationInput, until_unwanted
 from workers.backends.vllm import (
     VLLMBackend,
+    engine_options,
     generation_from,
     last_before_deadline,
     map_vllm_exception,
@@ -70,6 +71,31 @@ def test_a_model_dir_without_a_model_is_a_clear_inf_502(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable, match="LANEWAY_BACKEND_VLLM_MODEL_DIR") as caught:
         model_source("heavy", tmp_path)
     assert str(tmp_path / "heavy") in caught.value.message
+
+
+# -- the engine ----------------------------------------------------------------
+
+
+def test_the_engine_takes_the_settings_length_memory_share_and_eager_mode() -> None:
+    settings = BackendSettings(
+        vllm_max_model_len=2048, vllm_gpu_memory_utilization=0.5, vllm_enforce_eager=True
+    )
+    assert engine_options("heavy", "/models/heavy", settings) == {
+        "model": "/models/heavy",
+        "served_model_name": "heavy",
+        "max_model_len": 2048,
+        "gpu_memory_utilization": 0.5,
+        "enforce_eager": True,
+        "disable_log_stats": True,
+    }
+
+
+def test_max_num_seqs_goes_to_the_engine_only_when_set() -> None:
+    unset = engine_options("heavy", "heavy", BackendSettings(vllm_max_num_seqs=None))
+    assert "max_num_seqs" not in unset
+    assert (
+        engine_options("heavy", "heavy", BackendSettings(vllm_max_num_seqs=8))["max_num_seqs"] == 8
+    )
 
 
 # -- sampling parameters -------------------------------------------------------

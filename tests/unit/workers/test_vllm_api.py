@@ -1,0 +1,151 @@
+"""The vLLM API that ``workers/backends/vllm.py`` calls, checked against
+the installed vllm, on the CPU: the engine's arguments take what
+``engine_options`` gives, ``SamplingParams`` what ``sampling_options``
+gives, a token prompt is built as the backend builds it, the engine has the
+methods the backend calls (async where it awaits them), vLLM's own outputs
+and errors read as ``generation_from`` and ``map_vllm_exception`` expect.
+
+No engine is built (that needs a GPU: tests/integration/test_vllm.py).
+Skipped without ``laneway[gpu]``; ``compose/gpu-check.sh`` runs it. Checked
+by hand with vllm 0.27.1 in a venv beside CPU torch 2.13.0, with PyPI's
+torchvision and torchcodec removed (CUDA builds, which do not load beside
+a CPU torch)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+
+from schemas.errors import BackendUnavailable, CudaFailure, OutOfMemory
+from schemas.messages import ChatMessage
+from schemas.settings import BackendSettings
+from workers.backends.base import Generation, GenerationInput
+from workers.backends.llamacpp import TRANSCRIPT_STOPS
+from workers.backends.vllm import (
+    engine_options,
+    generation_from,
+    map_vllm_exception,
+    sampling_options,
+)
+
+pytestmark = [
+    # vLLM, torch and transformers warn as they load; the suite's "error"
+    # would fail the import on it.
+    pytest.mark.filterwarnings("default"),
+]
+
+vllm = pytest.importorskip("vllm", reason="needs laneway[gpu]: vllm is not installed")
+
+
+def ask(
+    temperature: float = 0.0, stop: list[str] | None = None, seed: int | None = None
+) -> GenerationInput:
+    messages = [ChatMessage(role="user", content="hi")]
+    return GenerationInput(messages, 12, temperature, stop=stop, seed=seed)
+
+
+def test_the_engine_arguments_take_the_backends_options() -> None:
+    settings = BackendSettings(
+        vllm_max_model_len=2048,
+        vllm_gpu_memory_utilization=0.5,
+        vllm_enforce_eager=True,
+        vllm_max_num_seqs=8,
+    )
+    args = vllm.AsyncEngineArgs(**engine_options("heavy", "/models/heavy", settings))
+    assert args.model == "/models/heavy"
+    assert args.max_model_len == 2048 and args.max_num_seqs == 8
+    assert args.gpu_memory_utilization == 0.5 and args.enforce_eager is True
+    unset = vllm.AsyncEngineArgs(**engine_options("heavy", "heavy", BackendSettings()))
+    assert unset.max_num_seqs is None  # vLLM's own default, chosen when the engine starts
+
+
+@pytest.mark.parametrize(
+    ("item", "stops"),
+    [
+        (ask(), ()),
+        (ask(0.7), TRANSCRIPT_STOPS),
+        (ask(0.7, stop=["END"], seed=42), TRANSCRIPT_STOPS),
+    ],
+    ids=["greedy", "sampled, transcript stops", "own seed and stop"],
+)
+def test_sampling_params_take_the_backends_options(
+    item: GenerationInput, stops: tuple[str, ...]
+) -> None:
+    from vllm.sampling_params import RequestOutputKind
+
+    options = sampling_options(item, stops)
+    params = vllm.SamplingParams(**options, output_kind=RequestOutputKind.FINAL_ONLY)
+    assert params.max_tokens == options["max_tokens"]
+    assert params.temperature == options["temperature"]
+    assert params.seed == options["seed"]
+    assert list(params.stop or []) == list(options["stop"] or [])
+    assert params.output_kind == RequestOutputKind.FINAL_ONLY
+
+
+def test_a_token_prompt_is_built_as_the_engine_takes_it() -> None:
+    from vllm.inputs import tokens_input
+
+    prompt = tokens_input([1, 2, 3])
+    assert prompt["prompt_token_ids"] == [1, 2, 3]
+
+
+def test_the_engine_has_the_methods_the_backend_calls() -> None:
+    engine = vllm.AsyncLLMEngine
+    assert isinstance(inspect.getattr_static(engine, "from_engine_args"), classmethod)
+    # generate(prompt, params, request_id) streams outputs; the backend
+    # awaits abort and check_health, and calls shutdown and get_tokenizer
+    # (whose result it awaits only where it is awaitable).
+    assert inspect.isasyncgenfunction(engine.generate)
+    assert list(inspect.signature(engine.generate).parameters)[1:4] == [
+        "prompt",
+        "sampling_params",
+        "request_id",
+    ]
+    assert inspect.iscoroutinefunction(engine.abort)
+    assert inspect.iscoroutinefunction(engine.check_health)
+    assert callable(engine.shutdown) and not inspect.iscoroutinefunction(engine.shutdown)
+    assert callable(engine.get_tokenizer)
+
+
+def output(text: str, finish_reason: str | None) -> Any:
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    completion = CompletionOutput(
+        index=0,
+        text=text,
+        token_ids=[5, 6, 7],
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason=finish_reason,
+    )
+    return RequestOutput(
+        request_id="laneway-0",
+        prompt=None,
+        prompt_token_ids=[1, 2],
+        prompt_logprobs=None,
+        outputs=[completion],
+        finished=True,
+    )
+
+
+def test_a_finished_output_reads_as_a_generation() -> None:
+    assert generation_from(output(" Paris.", "stop"), strip=True) == Generation(
+        text="Paris.", prompt_tokens=2, completion_tokens=3
+    )
+    assert isinstance(generation_from(output("", "abort")), BackendUnavailable)
+
+
+def test_vllms_own_errors_map_onto_laneways() -> None:
+    import torch
+    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+    assert isinstance(map_vllm_exception(EngineDeadError()), CudaFailure)
+    try:
+        try:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        except torch.cuda.OutOfMemoryError as exc:
+            raise EngineGenerateError() from exc
+    except EngineGenerateError as wrapped:
+        assert isinstance(map_vllm_exception(wrapped), OutOfMemory)
