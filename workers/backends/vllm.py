@@ -17,8 +17,8 @@ answers ``CUDA-ERR`` too; execution then drops the engine and the probe
 after the breaker's cooldown loads a fresh one.
 
 The decisions are plain functions, tested without vLLM or a GPU
-(``tests/unit/workers/test_vllm.py``): ``model_source``, ``engine_options``,
-``sampling_options``, ``time_left``, ``last_before_deadline``,
+(``tests/unit/workers/test_vllm.py``): ``platform_problem``, ``model_source``,
+``engine_options``, ``sampling_options``, ``time_left``, ``last_before_deadline``,
 ``map_vllm_exception`` and ``generation_from``; that vLLM takes what they
 make is checked against the installed vllm, on the CPU
 (``tests/unit/workers/test_vllm_api.py``, skipped without ``laneway[gpu]``).
@@ -60,6 +60,7 @@ __all__ = [
     "last_before_deadline",
     "map_vllm_exception",
     "model_source",
+    "platform_problem",
     "sampling_options",
     "time_left",
 ]
@@ -81,6 +82,20 @@ def model_source(model: str, model_dir: FsPath | None) -> str:
         f"no Hugging Face model directory (with config.json) for {model!r} at "
         f"{' or '.join(str(c) for c in candidates)} (LANEWAY_BACKEND_VLLM_MODEL_DIR)"
     )
+
+
+def platform_problem(platform: Any) -> str | None:
+    """Why vLLM cannot run here, from its ``current_platform``; ``None``
+    where it found a platform to run on (CUDA, ROCm, a CPU build, ...).
+    Without one, building the engine fails deep in vLLM with "Device
+    string must not be empty"."""
+    if platform.is_unspecified():
+        return (
+            "vLLM finds no device to run on: no NVIDIA GPU is visible to this process "
+            "(nvidia-smi -L lists none, the driver is missing, or CUDA_VISIBLE_DEVICES "
+            "hides it), and this vllm is not a CPU build"
+        )
+    return None
 
 
 def engine_options(model: str, source: str, settings: BackendSettings) -> dict[str, Any]:
@@ -232,9 +247,13 @@ class VLLMBackend:
         try:
             from vllm import AsyncEngineArgs, AsyncLLMEngine, SamplingParams
             from vllm.inputs import tokens_input
+            from vllm.platforms import current_platform
             from vllm.sampling_params import RequestOutputKind
         except ImportError as exc:
             raise BackendUnavailable(f"vllm is not installed (laneway[gpu]): {exc}") from exc
+        problem = platform_problem(current_platform)
+        if problem is not None:
+            raise BackendUnavailable(f"vLLM cannot load {self.model}: {problem}")
         source = model_source(self.model, self._settings.vllm_model_dir)
         args = AsyncEngineArgs(**engine_options(self.model, source, self._settings))
         try:

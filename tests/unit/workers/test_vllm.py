@@ -29,6 +29,7 @@ from workers.backends.vllm import (
     last_before_deadline,
     map_vllm_exception,
     model_source,
+    platform_problem,
     sampling_options,
     time_left,
 )
@@ -42,6 +43,15 @@ def ask(
 ) -> GenerationInput:
     messages = [ChatMessage(role="user", content="hi")]
     return GenerationInput(messages, max_tokens, temperature, stop=stop, seed=seed)
+
+
+# -- the device ------------------------------------------------------------------
+
+
+def test_without_a_device_platform_the_backend_says_why_it_cannot_load() -> None:
+    problem = platform_problem(SimpleNamespace(is_unspecified=lambda: True))
+    assert problem is not None and "no NVIDIA GPU is visible" in problem
+    assert platform_problem(SimpleNamespace(is_unspecified=lambda: False)) is None
 
 
 # -- the model directory -------------------------------------------------------

@@ -3,7 +3,8 @@ the installed vllm, on the CPU: the engine's arguments take what
 ``engine_options`` gives, ``SamplingParams`` what ``sampling_options``
 gives, a token prompt is built as the backend builds it, the engine has the
 methods the backend calls (async where it awaits them), vLLM's own outputs
-and errors read as ``generation_from`` and ``map_vllm_exception`` expect.
+and errors read as ``generation_from`` and ``map_vllm_exception`` expect,
+and vLLM's platform without a device is told apart (``platform_problem``).
 
 No engine is built (that needs a GPU: tests/integration/test_vllm.py).
 Skipped without ``laneway[gpu]``; ``compose/gpu-check.sh`` runs it. Checked
@@ -27,6 +28,7 @@ from workers.backends.vllm import (
     engine_options,
     generation_from,
     map_vllm_exception,
+    platform_problem,
     sampling_options,
 )
 
@@ -149,3 +151,11 @@ def test_vllms_own_errors_map_onto_laneways() -> None:
             raise EngineGenerateError() from exc
     except EngineGenerateError as wrapped:
         assert isinstance(map_vllm_exception(wrapped), OutOfMemory)
+
+
+def test_vllms_platform_without_a_device_is_told_apart() -> None:
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import UnspecifiedPlatform
+
+    assert platform_problem(UnspecifiedPlatform()) is not None
+    assert isinstance(current_platform.is_unspecified(), bool)
