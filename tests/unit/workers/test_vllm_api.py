@@ -42,7 +42,9 @@ pytestmark = [
     # vLLM, torch and transformers warn as they load; the suite's "error"
     # would fail the import on it. (Imported in a fixture, not at module
     # level, so that this applies: collection knows only the suite's filters.)
-    pytest.mark.filterwarnings("default"),
+    # Resource warnings stay ignored, as in the suite: files that other
+    # tests left to the garbage collector would otherwise show up here.
+    pytest.mark.filterwarnings("default", "ignore::ResourceWarning"),
 ]
 
 
