@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from schemas.errors import BackendUnavailable, CudaFailure, OutOfMemory
-from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
+from tests.unit.workers.test_vllm import ask
 from workers.backends.base import Generation, GenerationInput
 from workers.backends.llamacpp import TRANSCRIPT_STOPS
 from workers.backends.vllm import (
@@ -53,13 +53,6 @@ def vllm() -> ModuleType:
     import vllm
 
     return vllm
-
-
-def ask(
-    temperature: float = 0.0, stop: list[str] | None = None, seed: int | None = None
-) -> GenerationInput:
-    messages = [ChatMessage(role="user", content="hi")]
-    return GenerationInput(messages, 12, temperature, stop=stop, seed=seed)
 
 
 def test_the_engine_arguments_take_the_backends_options(vllm: ModuleType) -> None:
