@@ -28,16 +28,20 @@ from pydantic_core import core_schema
 from schemas.errors import ErrorCode, InvalidRequest, LanewayError
 
 __all__ = [
+    "CancelRequest",
     "ChatMessage",
     "ErrorInfo",
     "Feedback",
+    "FinishReason",
     "InferenceRequest",
     "InferenceResult",
     "Lane",
     "Path",
     "QualityEvent",
     "RequestLimits",
+    "ResultChunk",
     "RoutedRequest",
+    "StreamOptions",
     "Timings",
     "Usage",
     "describe_errors",
@@ -166,6 +170,12 @@ class ChatMessage(WireModel):
     content: str
 
 
+class StreamOptions(WireModel):
+    include_usage: bool = False
+    """Accepted as OpenAI's: the last chunk on Kafka always carries
+    ``usage``; the HTTP gateway sends its usage chunk only when asked."""
+
+
 class InferenceRequest(WireModel):
     schema_version: Literal[1] = 1
     id: str = Field(min_length=1)
@@ -186,6 +196,10 @@ class InferenceRequest(WireModel):
     reply_to: str | None = None
     batch_id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    stream: bool = False
+    """Send the answer as ``result_chunk`` records on ``reply_to`` while it
+    is generated, before the terminal ``result`` (CONTRACT.md, Streaming)."""
+    stream_options: StreamOptions | None = None
 
     @model_validator(mode="after")
     def _one_of_prompt_or_messages(self) -> InferenceRequest:
@@ -193,6 +207,8 @@ class InferenceRequest(WireModel):
             raise ValueError("exactly one of 'prompt' or 'messages' must be set")
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' must not be empty")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("'stream_options' is only allowed with 'stream': true")
         return self
 
     def text_bytes(self) -> int:
@@ -369,9 +385,27 @@ class RoutedRequest(WireModel):
         return None if self.deadline_at_ms is None else self.deadline_at_ms - now_ms
 
 
+FinishReason = Literal["stop", "length", "error", "cancelled"]
+"""Why an answer ended: ``stop`` (the model ended it, or a stop string
+did), ``length`` (cut at ``max_tokens``, or at the room the context left),
+``error`` (no answer: the result's ``error`` says why), ``cancelled`` (the
+client withdrew the request: ``CancelRequest``)."""
+
+
 class Usage(WireModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    total_tokens: int = 0
+    """``prompt_tokens + completion_tokens`` (filled in when not given)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _total(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "total_tokens" not in data:
+            prompt, completion = data.get("prompt_tokens", 0), data.get("completion_tokens", 0)
+            if isinstance(prompt, int) and isinstance(completion, int):
+                return {**data, "total_tokens": prompt + completion}
+        return data
 
 
 class Timings(WireModel):
@@ -419,6 +453,16 @@ class InferenceResult(WireModel):
     """The registry version of ``path`` that answered (or failed)."""
     router_version: str | None = None
     """The router version that chose the path (copied from the routed request)."""
+    finish_reason: FinishReason | None = None
+    """Why the answer ended (``error`` on an error result); unset only in
+    results written before laneway said so."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _error_finishes(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("status") == "error" and "finish_reason" not in data:
+            return {**data, "finish_reason": "error"}
+        return data
 
     @classmethod
     def failure(
@@ -444,6 +488,29 @@ class InferenceResult(WireModel):
             batch_id=batch_id,
             explored=explored,
         )
+
+
+class ResultChunk(WireModel):
+    """A piece of a streamed answer, on the request's ``reply_to`` before
+    its terminal ``result`` (CONTRACT.md, Streaming). A model's decodes of
+    a request are numbered ``attempt`` 1, 2, …, each from ``seq`` 0: a
+    chunk of a higher attempt than the text a reader holds replaces that
+    text. The classifier's answers (rules, cache) are attempt 0, one chunk.
+    The last chunk of an attempt has ``finish_reason`` and ``usage``."""
+
+    schema_version: Literal[1] = 1
+    object: Literal["result_chunk"] = "result_chunk"
+    """Tells a chunk from a ``result`` on a reply topic."""
+    id: str
+    attempt: int = Field(ge=0)
+    seq: int = Field(ge=0)
+    delta: str = ""
+    """Text that follows the attempt's earlier chunks."""
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    lane: Lane | None = None
+    path: Path | None = None
+    model: str | None = None
 
 
 class QualityEvent(WireModel):
@@ -510,6 +577,15 @@ class QualityEvent(WireModel):
             version=result.version,
             router_version=result.router_version,
         )
+
+
+class CancelRequest(WireModel):
+    """A client no longer wants the answer to request ``id`` (on
+    ``<p>.cancels``): a worker decoding it stops, and its terminal result
+    is INF-503 with ``finish_reason: cancelled``."""
+
+    schema_version: Literal[1] = 1
+    id: str = Field(min_length=1)
 
 
 class Feedback(WireModel):

@@ -34,6 +34,7 @@ __all__ = [
     "RulesSettings",
     "SessionSettings",
     "Settings",
+    "StreamSettings",
     "TenantLimit",
     "TracingSettings",
 ]
@@ -622,6 +623,28 @@ class BatchSettings(BaseSettings):
     """How often the tracker settles open jobs (completion, expiry)."""
 
 
+class StreamSettings(BaseSettings):
+    """Token streaming (``workers.streaming``): how a lane worker coalesces a
+    streamed answer's pieces into ``result_chunk`` records."""
+
+    model_config = _config("LANEWAY_STREAM_")
+
+    flush_ms: float = Field(default=40.0, ge=0)
+    """After a chunk is sent, the pieces that come within this long go into
+    the next one (the first piece of an answer is sent at once): a batch of
+    16 answers costs the broker at most 16 records per interval, not one
+    per token."""
+    max_pieces: int = Field(default=16, ge=1)
+    """A chunk is sent early once this many pieces (about tokens) wait."""
+    attempt_ttl_s: int = Field(default=86_400, ge=60)
+    """How long Redis keeps the count of a request's streamed decodes
+    (``<prefix>:stream:<id>``), which numbers each new ``attempt``."""
+    cancel_window_s: float = Field(default=600.0, gt=0)
+    """How long a lane worker remembers a cancelled request id
+    (``<p>.cancels``): a cancelled request that reaches it later than this
+    is answered as usual."""
+
+
 class TracingSettings(BaseSettings):
     """Export of laneway's trace spans over OTLP/HTTP (``streams.kafka.otlp``):
     off, nothing recorded, unless an endpoint is configured."""
@@ -701,6 +724,7 @@ class Settings(BaseSettings):
     flow: FlowSettings = Field(default_factory=FlowSettings)
     backend: BackendSettings = Field(default_factory=BackendSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    stream: StreamSettings = Field(default_factory=StreamSettings)
     realtime: LaneSettings = Field(default_factory=RealtimeLaneSettings)
     medium: LaneSettings = Field(default_factory=MediumLaneSettings)
     bulk: LaneSettings = Field(default_factory=BulkLaneSettings)

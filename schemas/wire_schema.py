@@ -14,10 +14,12 @@ from pydantic import BaseModel
 
 from schemas.jobs import BatchJobEvent
 from schemas.messages import (
+    CancelRequest,
     Feedback,
     InferenceRequest,
     InferenceResult,
     QualityEvent,
+    ResultChunk,
     RoutedRequest,
 )
 
@@ -27,6 +29,8 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "request": InferenceRequest,  # laneway.requests
     "routed": RoutedRequest,  # laneway.lane.<lane>, laneway.retry.<lane>
     "result": InferenceResult,  # reply topics, laneway.results
+    "result_chunk": ResultChunk,  # reply topics, before the result of a streamed request
+    "cancel": CancelRequest,  # laneway.cancels
     "quality": QualityEvent,  # laneway.quality
     "feedback": Feedback,  # laneway.feedback
     "batch_job_event": BatchJobEvent,  # laneway.batch.jobs

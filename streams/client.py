@@ -25,7 +25,7 @@ import socket
 import sys
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +33,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from schemas.messages import Feedback, InferenceRequest, InferenceResult
+from schemas.messages import (
+    CancelRequest,
+    ChatMessage,
+    Feedback,
+    InferenceRequest,
+    InferenceResult,
+    ResultChunk,
+)
 from schemas.settings import KafkaSettings
+from streams.chunks import StreamAssembler, StreamDelta
 
 if TYPE_CHECKING:
     from schemas.jobs import BatchJob
@@ -68,7 +76,10 @@ class LanewayClient:
         self.duplicates = 0
         self._requests_topic = f"{kafka.topic_prefix}.requests"
         self._feedback_topic = f"{kafka.topic_prefix}.feedback"
+        self._cancels_topic = f"{kafka.topic_prefix}.cancels"
         self._pending: dict[str, asyncio.Future[InferenceResult]] = {}
+        self._listeners: dict[str, Callable[[ResultChunk], None]] = {}
+        """Streamed requests in flight: who is handed their chunks."""
         self._done: OrderedDict[str, None] = OrderedDict()
         self._remember = remember
         self._producer: AIOKafkaProducer | None = None
@@ -131,12 +142,19 @@ class LanewayClient:
         raise RuntimeError(f"reply topic {topic} has no partitions")
 
     async def submit(
-        self, request: InferenceRequest | dict[str, Any], *, timestamp_ms: int | None = None
+        self,
+        request: InferenceRequest | dict[str, Any],
+        *,
+        timestamp_ms: int | None = None,
+        on_chunk: Callable[[ResultChunk], None] | None = None,
     ) -> asyncio.Future[InferenceResult]:
         """Produce a request; the future resolves with its result.
 
         ``timestamp_ms`` backdates the record to when the request was created
-        (a client that queued it locally): its deadline counts from then."""
+        (a client that queued it locally): its deadline counts from then.
+        ``on_chunk`` is handed each ``result_chunk`` of a streamed request as
+        it arrives, duplicates and all (``streams.chunks`` puts them together;
+        ``stream`` does it for you)."""
         if isinstance(request, dict):
             request = InferenceRequest.model_validate({"reply_to": self.reply_to, **request})
         return await self.submit_raw(
@@ -144,6 +162,7 @@ class LanewayClient:
             request.id,
             key=request.partition_key(),
             timestamp_ms=timestamp_ms,
+            on_chunk=on_chunk,
         )
 
     async def submit_raw(
@@ -153,6 +172,7 @@ class LanewayClient:
         *,
         key: bytes | None = None,
         timestamp_ms: int | None = None,
+        on_chunk: Callable[[ResultChunk], None] | None = None,
     ) -> asyncio.Future[InferenceResult]:
         """Produce a record as it is (replays, malformed-input tests); the
         future resolves if a reply with ``request_id`` comes back."""
@@ -165,27 +185,111 @@ class LanewayClient:
         self._done.pop(request_id, None)
         future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        if on_chunk is not None:
+            self._listeners[request_id] = on_chunk
         try:
             await self._producer.send_and_wait(
                 self._requests_topic, value, key=key, timestamp_ms=timestamp_ms
             )
         except BaseException:
             self._pending.pop(request_id, None)
+            self._listeners.pop(request_id, None)
             raise
         return future
 
-    async def ask(self, prompt: str, *, timeout_s: float = 60.0, **fields: Any) -> InferenceResult:
-        """Submit one prompt and wait for its result."""
-        request = {
-            "id": fields.pop("id", f"{self.client_id}-{uuid.uuid4().hex[:12]}"),
-            "prompt": prompt,
-            **fields,
-        }
+    async def ask(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[ChatMessage | Mapping[str, str]] | None = None,
+        timeout_s: float = 60.0,
+        **fields: Any,
+    ) -> InferenceResult:
+        """Submit one prompt (or chat ``messages``) and wait for its result."""
+        request = self._request(prompt, messages, fields)
         future = await self.submit(request)
         try:
             return await asyncio.wait_for(future, timeout_s)
         finally:
             self._pending.pop(request["id"], None)
+
+    async def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[ChatMessage | Mapping[str, str]] | None = None,
+        timeout_s: float = 60.0,
+        **fields: Any,
+    ) -> AsyncIterator[StreamDelta]:
+        """Submit one prompt (or chat ``messages``) with ``stream: true`` and
+        yield its answer's text as it is generated::
+
+            async for delta in client.stream("Tell me a story"):
+                if delta.restart:  # another attempt replaced the text shown
+                    screen.clear()
+                screen.write(delta.text)
+
+        The last delta has ``finish_reason`` (``error`` when it failed:
+        ``delta.result.error`` says why), ``usage`` and the ``result``; the
+        deltas since the last ``restart`` join into its output. Leaving the
+        loop early cancels the request (``cancel``): its decode stops.
+        ``timeout_s`` bounds the whole answer (``TimeoutError``)."""
+        request = self._request(prompt, messages, {**fields, "stream": True})
+        request_id = request["id"]
+        queue: asyncio.Queue[ResultChunk | InferenceResult] = asyncio.Queue()
+        assembler = StreamAssembler()
+        try:
+            future = await self.submit(request, on_chunk=queue.put_nowait)
+            future.add_done_callback(
+                lambda done: None if done.cancelled() else queue.put_nowait(done.result())
+            )
+            async with asyncio.timeout(timeout_s):
+                while not assembler.done:
+                    item = await queue.get()
+                    deltas = (
+                        assembler.chunk(item)
+                        if isinstance(item, ResultChunk)
+                        else assembler.result(item)
+                    )
+                    for delta in deltas:
+                        yield delta
+        except TimeoutError:
+            raise TimeoutError(
+                f"no complete answer to {request_id} within {timeout_s:.0f}s"
+            ) from None
+        finally:
+            self._listeners.pop(request_id, None)
+            self._pending.pop(request_id, None)
+            self.duplicates += assembler.duplicates
+            if not assembler.done and self._producer is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.cancel(request_id))
+
+    async def cancel(self, request_id: str) -> None:
+        """Say that the answer to ``request_id`` is no longer wanted: a
+        worker decoding it stops, and its result says it was cancelled."""
+        if self._producer is None:
+            raise RuntimeError("client not started")
+        cancel = CancelRequest(id=request_id)
+        await self._producer.send_and_wait(
+            self._cancels_topic, cancel.model_dump_json().encode(), key=request_id.encode()
+        )
+
+    def _request(
+        self,
+        prompt: str | None,
+        messages: Sequence[ChatMessage | Mapping[str, str]] | None,
+        fields: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """A request's fields: the prompt or the messages, a fresh id unless given."""
+        request = {"id": f"{self.client_id}-{uuid.uuid4().hex[:12]}", **fields}
+        if prompt is not None:
+            request["prompt"] = prompt
+        if messages is not None:
+            request["messages"] = [
+                m.model_dump() if isinstance(m, ChatMessage) else dict(m) for m in messages
+            ]
+        return request
 
     async def feedback(self, request_id: str, score: float, comment: str | None = None) -> None:
         """Tell the quality loop how good an answer was (-1 bad .. +1 good);
@@ -238,8 +342,15 @@ class LanewayClient:
     async def _read_replies(self) -> None:
         assert self._consumer is not None
         async for record in self._consumer:
+            value = record.value or b""
             try:
-                result = InferenceResult.model_validate_json(record.value or b"")
+                if _is_chunk(value):
+                    chunk = ResultChunk.model_validate_json(value)
+                    listener = self._listeners.get(chunk.id)
+                    if listener is not None:
+                        listener(chunk)
+                    continue
+                result = InferenceResult.model_validate_json(value)
             except ValueError:
                 log.warning("undecodable reply on %s: %.200r", record.topic, record.value)
                 continue
@@ -252,6 +363,7 @@ class LanewayClient:
         future = self._pending.pop(result.id, None)
         if future is None:
             return  # someone else's reply on a shared topic, or a late one
+        self._listeners.pop(result.id, None)
         self._done[result.id] = None
         if len(self._done) > self._remember:
             self._done.popitem(last=False)
@@ -271,6 +383,11 @@ class LanewayClient:
             if not future.done():
                 future.cancel()
         self._pending.clear()
+
+
+def _is_chunk(value: bytes) -> bool:
+    """A ``result_chunk`` (its ``object`` field), not a ``result``."""
+    return b'"result_chunk"' in value and json.loads(value).get("object") == "result_chunk"
 
 
 def result_summary(result: InferenceResult) -> str:

@@ -27,6 +27,8 @@ __all__ = [
     "REDIS_ERRORS",
     "RESULTS",
     "ROUTED",
+    "TIME_PER_TOKEN",
+    "TIME_TO_FIRST_TOKEN",
     "OpsServer",
     "ProcessState",
     "heartbeat",
@@ -57,6 +59,18 @@ LATENCY = Histogram(
     "End-to-end latency from request produce time to result",
     ["lane", "path"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "laneway_time_to_first_token_seconds",
+    "Streamed answers: from request produce time to the first chunk with text",
+    ["lane", "path"],
+    buckets=(0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30),
+)
+TIME_PER_TOKEN = Histogram(
+    "laneway_time_per_output_token_seconds",
+    "Streamed answers: from the first chunk to the last, per output token after the first",
+    ["lane", "path"],
+    buckets=(0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1),
 )
 BATCH_SIZE = Histogram(
     "laneway_batch_size", "Requests per worker batch", ["lane"], buckets=(1, 2, 4, 8, 16, 32, 64)

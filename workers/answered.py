@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from schemas.errors import ErrorCode
+from schemas.errors import DeadlineExceeded, ErrorCode
 from schemas.messages import InferenceResult, Lane, Path, QualityEvent, RoutedRequest, Timings
 from schemas.settings import Settings
 from streams.cache.response import CacheHit
@@ -18,7 +18,17 @@ from streams.kafka.envelopes import Outbound
 from streams.stores.sessions import SessionStore
 from workers.execution import Finished
 
-__all__ = ["Remember", "answer_from_cache", "attempt_event", "attempt_events", "cached_result"]
+__all__ = [
+    "CANCELLED",
+    "Remember",
+    "answer_from_cache",
+    "attempt_event",
+    "attempt_events",
+    "cached_result",
+    "cancelled_result",
+]
+
+CANCELLED = "cancelled by the client"
 
 
 class Remember:
@@ -76,6 +86,27 @@ def attempt_event(
     return Outbound(settings.topic("quality"), result.id.encode(), event.model_dump_json().encode())
 
 
+def cancelled_result(routed: RoutedRequest, lane: Lane, now_ms: int) -> InferenceResult:
+    """The terminal result of a request its client cancelled
+    (``workers.cancels``): INF-503, ``finish_reason: cancelled``."""
+    waited = max(0.0, now_ms - routed.produced_at_ms)
+    return InferenceResult.failure(
+        routed.request.id,
+        DeadlineExceeded(CANCELLED),
+        lane=lane,
+        path=routed.path,
+        timings=Timings(queue_ms=waited, total_ms=waited),
+        batch_id=routed.request.batch_id,
+        explored=routed.explored,
+    ).model_copy(
+        update={
+            "finish_reason": "cancelled",
+            "version": routed.version,
+            "router_version": routed.router_version,
+        }
+    )
+
+
 def cached_result(routed: RoutedRequest, hit: CacheHit, lane: Lane, now_ms: int) -> InferenceResult:
     """The answer a worker found in the cache instead of running a model."""
     return answer_from_cache(routed, hit.output, hit.label, lane, now_ms)
@@ -94,6 +125,7 @@ def answer_from_cache(
         lane=lane,
         path=Path.CACHE,
         model=model,
+        finish_reason="stop",
         timings=Timings(queue_ms=waited, total_ms=waited, batch_size=batch_size),
         batch_id=routed.request.batch_id,
         router_version=routed.router_version,

@@ -57,6 +57,7 @@ from workers.backends.base import (
 )
 from workers.batcher import run_batch
 from workers.breaker import CircuitBreaker
+from workers.streaming import AnswerStream
 
 __all__ = [
     "BREAKER_STATE",
@@ -287,12 +288,16 @@ class Executor:
         self,
         batch: Sequence[RoutedRequest],
         unwanted: Mapping[int, asyncio.Event] | None = None,
+        streams: Mapping[int, AnswerStream] | None = None,
     ) -> list[Finished]:
         """One ``Finished`` per request, in the order of ``batch``.
         ``unwanted``: by index in ``batch``, an event set when that answer is
         no longer wanted; its backend may then stop generating it
-        (``GenerationInput.unwanted``) and it fails with ``STOPPED``."""
+        (``GenerationInput.unwanted``) and it fails with ``STOPPED``.
+        ``streams``: by index, where a streamed request's pieces go as they
+        are generated; each path tried begins an attempt on it."""
         unwanted = unwanted or {}
+        streams = streams or {}
         started_ms = _now_ms()
         done: dict[int, Finished] = {}
         live: dict[tuple[Path, str | None, bool], list[int]] = {}
@@ -309,8 +314,9 @@ class Executor:
         for (path, version, shadow), indexes in live.items():
             group = [batch[i] for i in indexes]
             stops = [unwanted.get(i) for i in indexes]
+            listeners = [streams.get(i) for i in indexes]
             finished = await self._run_path(
-                path, group, len(batch), version, shadow=shadow, stops=stops
+                path, group, len(batch), version, shadow=shadow, stops=stops, streams=listeners
             )
             done.update(zip(indexes, finished, strict=True))
         return [done[i] for i in range(len(batch))]
@@ -339,6 +345,7 @@ class Executor:
         *,
         shadow: bool = False,
         stops: Sequence[asyncio.Event | None],
+        streams: Sequence[AnswerStream | None],
     ) -> list[Finished]:
         """Run ``group`` on its path (and ``version``); what fails there for
         the backend's sake (unreachable, CUDA, out of memory) or meets an
@@ -366,9 +373,11 @@ class Executor:
             try:
                 model, outcomes = await self._run_on(
                     slot,
+                    candidate,
                     [group[i] for i in pending],
                     started_ms,
                     [stops[i] for i in pending],
+                    [streams[i] for i in pending],
                 )
             except BaseException:
                 slot.breaker.record(ok=False)  # a half-open probe must never stay open
@@ -420,21 +429,32 @@ class Executor:
     async def _run_on(
         self,
         slot: BackendSlot,
+        path: Path,
         group: list[RoutedRequest],
         started_ms: float,
         stops: Sequence[asyncio.Event | None],
+        streams: Sequence[AnswerStream | None],
     ) -> tuple[str | None, list[Generation | LanewayError]]:
         try:
             backend = await slot.get()
         except LanewayError as error:
             return None, [error] * len(group)
+        model = f"{backend.kind}:{backend.model}"
+        for stream in streams:
+            if stream is not None:
+                stream.begin(path, model)
         inputs = [
-            self._input(routed, started_ms, stop) for routed, stop in zip(group, stops, strict=True)
+            self._input(routed, started_ms, stop, stream.text if stream is not None else None)
+            for routed, stop, stream in zip(group, stops, streams, strict=True)
         ]
-        return f"{backend.kind}:{backend.model}", await _infer_splitting(backend, inputs)
+        return model, await _infer_splitting(backend, inputs)
 
     def _input(
-        self, routed: RoutedRequest, now_ms: float, unwanted: asyncio.Event | None = None
+        self,
+        routed: RoutedRequest,
+        now_ms: float,
+        unwanted: asyncio.Event | None = None,
+        on_text: Callable[[str], None] | None = None,
     ) -> GenerationInput:
         remaining = routed.remaining_ms(int(now_ms))
         request = routed.request
@@ -449,6 +469,7 @@ class Executor:
             stop=request.stop,
             seed=request.seed,
             unwanted=unwanted,
+            on_text=on_text,
         )
 
     def _result(
@@ -498,6 +519,7 @@ class Executor:
                 usage=Usage(
                     prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens
                 ),
+                finish_reason=outcome.finish,
                 timings=timings,
                 batch_id=request.batch_id,
                 explored=routed.explored,

@@ -30,7 +30,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
@@ -50,6 +50,7 @@ from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.stores.backlog import BacklogBoard, DrainRate
 from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
 from workers.batcher import collect_batch
+from workers.cancels import CancelWatch
 from workers.check import probe
 from workers.claims import DecodeClaims
 from workers.execution import BackendSlot, Executor, backend_slots, version_slots
@@ -58,6 +59,7 @@ from workers.result_store import RecordKey, ResultStore, record_id
 from workers.retry import RetryRelay
 from workers.runner import BatchRunner
 from workers.settle import Answer, give_up, reject_unreadable, settle_failures, terminal_for
+from workers.streaming import AnswerStream, StreamAttempts
 
 __all__ = ["AnsweredHook", "LaneWorker"]
 
@@ -104,6 +106,8 @@ class LaneWorker:
         cache: ResponseCache | None = None,
         workers: WorkerBoard | None = None,
         claims: DecodeClaims | None = None,
+        attempts: StreamAttempts | None = None,
+        cancels: CancelWatch | None = None,
     ) -> None:
         self.settings = settings
         self.lane = lane
@@ -119,13 +123,21 @@ class LaneWorker:
                 version_slots(settings.backend, registry, paths),
                 {path: registry.fallbacks(path) for path in registry.model_paths},
             )
-        self.runner = BatchRunner(settings, lane, executor, cache, claims)
+        self.cancel_watch = cancels
+        """Reads the clients' cancels (``None``: this worker hears none)."""
+        self.runner = BatchRunner(
+            settings, lane, executor, cache, claims, cancels.cancels if cancels else None
+        )
         """Runs the batches' model work, each question once (``workers.runner``)."""
         self.store = store
         self.board = board
         self.on_answered = on_answered
         self.workers = workers
         """Where this worker announces the paths it serves (``None``: nowhere)."""
+        self.attempts = attempts or StreamAttempts(
+            None, prefix=settings.redis.key_prefix, ttl_s=settings.stream.attempt_ttl_s
+        )
+        """Numbers the decodes of streamed requests (``workers.streaming``)."""
         self._worker_id = uuid.uuid4().hex[:8]
         self._probed: set[int] = set()
         """Slots (by ``id``) whose backend loaded and answered a test inference."""
@@ -171,6 +183,8 @@ class LaneWorker:
         await self._consumer.start()
         self.relay = RetryRelay(self.settings, self.lane, self._producer)
         await self.relay.start()
+        if self.cancel_watch is not None:
+            await self.cancel_watch.start()
         await self._warm_up()
         IN_FLIGHT.labels(self.lane).set(0)  # listed from the start: 0, not unknown
         log.info("%s worker started on %s", self.lane, self.topic)
@@ -232,7 +246,7 @@ class LaneWorker:
         again."""
         assert self._consumer is not None and self.relay is not None
         lane = self.lane_settings
-        relay = asyncio.create_task(self.relay.run(self._stopping))
+        relay = asyncio.create_task(self._relay_and_cancels())
         announcing = asyncio.create_task(self._announce_until_stopped())
         reporting = asyncio.create_task(self._report_until_stopped())
         inflight: list[asyncio.Task[None]] = []
@@ -284,6 +298,15 @@ class LaneWorker:
                 relay.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await relay
+
+    async def _relay_and_cancels(self) -> None:
+        """The retry relay and the cancel watch, side by side: either one
+        dying takes the worker with it."""
+        assert self.relay is not None
+        runs = [self.relay.run(self._stopping)]
+        if self.cancel_watch is not None:
+            runs.append(self.cancel_watch.run(self._stopping))
+        await asyncio.gather(*runs)
 
     def card(self) -> WorkerCard:
         """What this worker serves now: the paths (and versions) whose
@@ -404,6 +427,11 @@ class LaneWorker:
             rid = record_id(routed.request.id, routed.version, shadow=routed.shadow)
             key = (record.topic, record.partition, record.offset, rid)
             batch.append((key, routed))
+        streams = {
+            key: AnswerStream(routed, self.lane, self._send, self.attempts, self.settings.stream)
+            for key, routed in batch
+            if routed.request.stream and not routed.shadow
+        }
 
         stored, parked_before = (
             await self.store.recall([key for key, _ in batch]) if self.store else ({}, set())
@@ -413,13 +441,16 @@ class LaneWorker:
         ]
         attempts = await self.store.begin([key for key, _ in fresh]) if self.store else {}
         crashed_before = any(attempts.get(key, 0) > 1 for key, _ in fresh)
-        answers: list[Answer] = await self.runner.answered_meanwhile(fresh)
+        answers: list[Answer] = self.runner.withdrawn(fresh)
+        withdrawn = {key for key, _, _ in answers}
+        fresh = [(key, routed) for key, routed in fresh if key not in withdrawn]
+        answers += await self.runner.answered_meanwhile(fresh)
         done = {key for key, _, _ in answers}
         fresh = [(key, routed) for key, routed in fresh if key not in done]
         if crashed_before:
-            ran, parked, more = await self._isolate(fresh, records, traces)
+            ran, parked, more = await self._isolate(fresh, records, traces, streams)
         else:
-            ran, more = await self.runner.run(fresh, traces)
+            ran, more = await self.runner.run(fresh, traces, streams)
             ran, parked, retry_out = settle_failures(
                 ran, records, self.settings, self.lane, traces=traces
             )
@@ -435,6 +466,11 @@ class LaneWorker:
                 len(replayed),
             )
 
+        for key, _, result in answers + replayed:  # chunks go out before their result
+            if key in streams:
+                await streams.pop(key).finish(result)
+        for stream in streams.values():  # parked for a retry: a new attempt then
+            await stream.abandon()
         now_ms = int(time.time() * 1000)
         for key, routed, result in answers + replayed:
             outbound += traced(terminal_for(result, routed, now_ms, self.settings), traces[key[:3]])
@@ -474,6 +510,7 @@ class LaneWorker:
         fresh: list[tuple[RecordKey, RoutedRequest]],
         records: Sequence[ConsumerRecord],
         traces: Traces,
+        streams: Mapping[RecordKey, AnswerStream],
     ) -> tuple[list[Answer], list[RecordKey], list[Outbound]]:
         """A batch holding these records crashed its worker before. Run them
         one at a time, each result kept in the store as soon as it is known,
@@ -489,7 +526,7 @@ class LaneWorker:
                 poisoned = give_up([(key, routed)], records, self.settings, self.lane)
                 outbound += traced(poisoned, traces[key[:3]])
                 continue
-            ran, events = await self.runner.run([(key, routed)], traces)
+            ran, events = await self.runner.run([(key, routed)], traces, streams)
             left, park, retry_out = settle_failures(
                 ran, records, self.settings, self.lane, traces=traces
             )
@@ -505,16 +542,15 @@ class LaneWorker:
             )
         return answers, parked, outbound
 
+    async def _send(self, record: Outbound) -> Awaitable[object]:
+        """Queue ``record`` on the producer; the ack is what this returns."""
+        assert self._producer is not None
+        return await self._producer.send(
+            record.topic, value=record.value, key=record.key, headers=list(record.headers)
+        )
+
     async def _produce(self, outbound: Sequence[Outbound]) -> None:
-        producer = self._producer
-        assert producer is not None
-
-        async def send(record: Outbound) -> Awaitable[object]:
-            return await producer.send(
-                record.topic, value=record.value, key=record.key, headers=list(record.headers)
-            )
-
-        await deliver(outbound, send, self.settings)
+        await deliver(outbound, self._send, self.settings)
 
     async def _commit(self, records: Sequence[ConsumerRecord]) -> None:
         assert self._consumer is not None
@@ -535,6 +571,8 @@ class LaneWorker:
         self.state.ready = False
         if self.relay is not None:
             await self.relay.close()
+        if self.cancel_watch is not None:
+            await self.cancel_watch.close()
         if self._consumer is not None:
             await self._consumer.stop()
         if self._producer is not None:

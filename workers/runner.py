@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import Counter
 
@@ -40,12 +40,14 @@ from streams.cache.response import CacheHit, ResponseCache
 from streams.kafka.envelopes import Outbound
 from streams.kafka.tracing import Traces, traced
 from streams.stores.sessions import context_digest
-from workers.answered import attempt_events, cached_result
+from workers.answered import attempt_events, cached_result, cancelled_result
+from workers.cancels import Cancels
 from workers.claims import DecodeClaims
 from workers.coalesce import InFlight, shared_result, split_duplicates
 from workers.execution import Executor, Finished
 from workers.result_store import RecordKey
 from workers.settle import Answer
+from workers.streaming import AnswerStream
 
 __all__ = ["BatchRunner"]
 
@@ -84,6 +86,7 @@ class BatchRunner:
         executor: Executor,
         cache: ResponseCache | None = None,
         claims: DecodeClaims | None = None,
+        cancels: Cancels | None = None,
     ) -> None:
         self.settings = settings
         self.lane = lane
@@ -96,6 +99,19 @@ class BatchRunner:
         ones another worker is decoding (``None``: it decodes every copy)."""
         self.in_flight = InFlight()
         """The shareable requests this worker's batches are decoding now."""
+        self.cancels = cancels
+        """The requests whose clients cancelled them (``None``: none are heard)."""
+
+    def withdrawn(self, fresh: Sequence[Item]) -> list[Answer]:
+        """Requests cancelled before their batch ran: answered at once."""
+        if self.cancels is None:
+            return []
+        now_ms = int(time.time() * 1000)
+        return [
+            (key, routed, cancelled_result(routed, self.lane, now_ms))
+            for key, routed in fresh
+            if self.cancels.cancelled(routed.request.id)
+        ]
 
     async def answered_meanwhile(self, fresh: Sequence[Item]) -> list[Answer]:
         """Requests whose exact answer reached the cache while they waited:
@@ -114,11 +130,19 @@ class BatchRunner:
             COALESCED.labels(self.lane).inc(len(found))
         return found
 
-    async def run(self, fresh: list[Item], traces: Traces) -> tuple[list[Answer], list[Outbound]]:
+    async def run(
+        self,
+        fresh: list[Item],
+        traces: Traces,
+        streams: Mapping[RecordKey, AnswerStream] | None = None,
+    ) -> tuple[list[Answer], list[Outbound]]:
         """Run ``fresh`` on the model paths, identical requests once: in
         this batch, across the batches in flight (``workers.coalesce``) and
         across workers (``workers.claims``). Returns the answers and a
-        quality event per path that failed before a fallback answered."""
+        quality event per path that failed before a fallback answered.
+        ``streams``: by record, where a streamed request's decode sends its
+        pieces (a copy answered by another's decode gets its text whole)."""
+        streams = streams or {}
         leaders, answer_keys, followers = split_duplicates(fresh, self.settings)
         ours, elsewhere = self.in_flight.claim(answer_keys)
         joining: asyncio.Task[dict[int, InferenceResult | None]] | None = None
@@ -129,7 +153,11 @@ class BatchRunner:
             if theirs:
                 joining = asyncio.create_task(self._join(theirs, leaders))
             finished = (
-                await self._decode([leaders[i][1] for i in mine], [ours[i] for i in mine])
+                await self._decode(
+                    [leaders[i][1] for i in mine],
+                    [ours[i] for i in mine],
+                    [streams.get(leaders[i][0]) for i in mine],
+                )
                 if mine
                 else []
             )
@@ -173,7 +201,9 @@ class BatchRunner:
         while alone or unanswered:
             firsts = [copies[0] for copies in unanswered.values()]
             batch = [*firsts, *alone]
-            more = await self.executor.execute([routed for _, routed in batch])
+            more = await self.executor.execute(
+                [routed for _, routed in batch], streams=_by_index(batch, streams)
+            )
             await self._keep(more)
             finished += more
             keys += [key for key, _ in batch]
@@ -205,7 +235,10 @@ class BatchRunner:
         )
 
     async def _decode(
-        self, requests: list[RoutedRequest], answer_keys: list[str | None]
+        self,
+        requests: list[RoutedRequest],
+        answer_keys: list[str | None],
+        streams: Sequence[AnswerStream | None] = (),
     ) -> list[Finished]:
         """Run this worker's ``requests``; one whose answer reaches the cache
         from another worker while it decodes (a realtime copy that did not
@@ -213,14 +246,24 @@ class BatchRunner:
         stopped and answered from the cache, freeing its place in the
         batch. A backend that cannot stop finishes it, and that answer
         stands."""
-        watched = {n: key for n, key in enumerate(answer_keys) if key is not None}
-        if self.cache is None or self.claims is None or not watched:
-            return await self.executor.execute(requests)
-        unwanted = {n: asyncio.Event() for n in watched}
+        listening = {n: stream for n, stream in enumerate(streams) if stream is not None}
+        watched = (
+            {n: key for n, key in enumerate(answer_keys) if key is not None}
+            if self.cache is not None and self.claims is not None
+            else {}
+        )
+        cancels = self.cancels
+        if not watched and cancels is None:
+            return await self.executor.execute(requests, streams=listening)
+        wanted = range(len(requests)) if cancels is not None else watched
+        unwanted = {n: asyncio.Event() for n in wanted}
+        if cancels is not None:
+            for n, event in unwanted.items():
+                cancels.watch(requests[n].request.id, event)
         decoded = asyncio.Event()
         watching = asyncio.create_task(self._watch(watched, unwanted, decoded))
         try:
-            finished = await self.executor.execute(requests, unwanted)
+            finished = await self.executor.execute(requests, unwanted, listening)
         finally:
             # The watcher also ends on ``decoded``: redis-py can swallow a
             # cancel that lands mid-command (redis/redis-py#2028), and a
@@ -228,11 +271,20 @@ class BatchRunner:
             decoded.set()
             watching.cancel()
             await asyncio.wait({watching}, timeout=WATCH_S * 10)
+            if cancels is not None:
+                for n, event in unwanted.items():
+                    cancels.unwatch(requests[n].request.id, event)
         stopped = [
             n
             for n, event in unwanted.items()
             if event.is_set() and finished[n].result.status != "ok"
         ]
+        if cancels is not None:
+            now_ms = int(time.time() * 1000)
+            for n in [n for n in stopped if cancels.cancelled(requests[n].request.id)]:
+                result = cancelled_result(requests[n], self.lane, now_ms)
+                finished[n] = Finished(requests[n], result, finished[n].failed)
+                stopped.remove(n)
         if not stopped:
             return finished
         STOPPED.labels(self.lane).inc(len(stopped))
@@ -244,7 +296,10 @@ class BatchRunner:
                 continue
             finished[n] = Finished(requests[n], answer, finished[n].failed)
         if again:
-            rerun = await self.executor.execute([requests[n] for n in again])
+            rerun = await self.executor.execute(
+                [requests[n] for n in again],
+                streams={j: listening[n] for j, n in enumerate(again) if n in listening},
+            )
             for n, item in zip(again, rerun, strict=True):
                 finished[n] = item
         return finished
@@ -254,11 +309,10 @@ class BatchRunner:
     ) -> None:
         """Every ``WATCH_S``, set the event of each watched answer key that
         has a cache entry now, until all are set or ``decoded`` is."""
-        assert self.cache is not None
         pending = dict(watched)
         while pending and not decoded.is_set():
             await asyncio.sleep(WATCH_S)
-            if decoded.is_set():
+            if decoded.is_set() or self.cache is None:
                 return
             found = await self.cache.present(list(pending.values()))
             for n in [n for n, key in pending.items() if key in found]:
@@ -320,3 +374,10 @@ class BatchRunner:
             cached_result(routed, hit, self.lane, now_ms) if hit is not None else None
             for routed, hit in zip(requests, hits, strict=True)
         ]
+
+
+def _by_index(
+    batch: Sequence[Item], streams: Mapping[RecordKey, AnswerStream]
+) -> dict[int, AnswerStream]:
+    """``streams`` of ``batch``'s records, by their index in it."""
+    return {n: streams[key] for n, (key, _) in enumerate(batch) if key in streams}

@@ -17,9 +17,11 @@ from streams.stores.backlog import BacklogBoard
 from streams.stores.sessions import SessionStore
 from streams.stores.workerboard import WorkerBoard
 from workers.answered import Remember
+from workers.cancels import CancelWatch
 from workers.claims import DecodeClaims
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
+from workers.streaming import StreamAttempts
 
 __all__ = ["serve_lane"]
 
@@ -55,10 +57,15 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         if cache is not None and settings.cache.claim_ttl_s > 0
         else None
     )
+    attempts = StreamAttempts(
+        redis, prefix=settings.redis.key_prefix, ttl_s=settings.stream.attempt_ttl_s
+    )
     worker = LaneWorker(
         settings,
         lane,
         state,
+        attempts=attempts,
+        cancels=CancelWatch(settings),
         store=store,
         board=board,
         on_answered=Remember(sessions),

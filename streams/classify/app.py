@@ -71,6 +71,7 @@ from streams.ops import (
     RESULTS,
     ROUTED,
     SPILLED,
+    TIME_TO_FIRST_TOKEN,
     ProcessState,
 )
 from streams.rollout.board import RolloutBoard
@@ -403,6 +404,7 @@ def observe_outcomes(outcomes: Sequence[Classified]) -> None:
     (``labels()`` is a locked dictionary lookup; thousands a second add up)."""
     counts: Counter[tuple[Any, tuple[str, ...]]] = Counter()
     latencies: dict[tuple[str, str], list[float]] = {}
+    first_tokens: dict[tuple[str, str], list[float]] = {}
     for classified in outcomes:
         counts[(RECORDS, ("classifier", classified.outcome))] += 1
         decision = classified.decision
@@ -416,9 +418,13 @@ def observe_outcomes(outcomes: Sequence[Classified]) -> None:
             code = result.error.code if result.error else ""
             counts[(RESULTS, (lane, path, result.status, code))] += 1
             latencies.setdefault((lane, path), []).append(result.timings.total_ms / 1000)
+            streamed = classified.request is not None and classified.request.stream
+            if streamed and result.status == "ok":  # its one chunk: all of it at once
+                first_tokens.setdefault((lane, path), []).append(result.timings.total_ms / 1000)
     for (metric, labels), n in counts.items():
         metric.labels(*labels).inc(n)
-    for labels, seconds in latencies.items():
-        histogram = LATENCY.labels(*labels)
-        for value in seconds:
-            histogram.observe(value)
+    for histogram_of, observed in ((LATENCY, latencies), (TIME_TO_FIRST_TOKEN, first_tokens)):
+        for labels, seconds in observed.items():
+            histogram = histogram_of.labels(*labels)
+            for value in seconds:
+                histogram.observe(value)

@@ -51,7 +51,13 @@ from streams.classify.flow import LaneFull, Shed, apply_level, spills
 from streams.classify.policy import Decision, Found, decide
 from streams.classify.registry import builtin_registry
 from streams.classify.router import PathStats, SmartRouter
-from streams.kafka.envelopes import Outbound, dlq_for, terminal_records
+from streams.kafka.envelopes import (
+    Outbound,
+    chunk_record,
+    closing_chunk,
+    dlq_for,
+    terminal_records,
+)
 from streams.rollout.assign import RolloutView
 from streams.rollout.routers import RouterView
 from streams.rules.engine import RuleBook
@@ -341,6 +347,7 @@ def _answer(decision: Decision, admitted: Admitted, age_ms: int) -> InferenceRes
         lane=decision.lane,
         path=decision.path,
         model=model,
+        finish_reason="stop",
         timings=_timings(age_ms),
         batch_id=request.batch_id,
     )
@@ -357,7 +364,15 @@ def _terminal(
     settings: Settings,
     cache_key: str | None = None,
 ) -> list[Outbound]:
-    return terminal_records(
+    """``result``'s records; a streamed request's come after its one chunk
+    (attempt 0: the classifier's answers are never decoded again)."""
+    chunk = []
+    if admitted.request.stream:
+        whole = result.output or "" if result.status == "ok" else ""
+        chunk = [
+            chunk_record(closing_chunk(result, attempt=0, seq=0, delta=whole), admitted.reply_to)
+        ]
+    return chunk + terminal_records(
         result,
         reply_to=admitted.reply_to,
         tenant=admitted.request.tenant,

@@ -5,7 +5,8 @@ A laneway-shaped job's output line::
 
     {"custom_id": "q1", "id": "<request id>", "line": 3,
      "response": {"output": "...", "model": "...", "path": "light", "lane": "bulk",
-                  "usage": {...}, "degraded": false}, "error": null}
+                  "usage": {...}, "degraded": false, "finish_reason": "length"},
+     "error": null}
 
 An OpenAI-shaped job's is the OpenAI Batch API's (``response.body`` is a
 ``chat.completion``), so existing tooling reads it. A line without a result
@@ -72,6 +73,7 @@ def output_line(
             "lane": result.lane,
             "usage": result.usage.model_dump(),
             "degraded": result.degraded,
+            "finish_reason": result.finish_reason or "stop",
         }
     return {"custom_id": custom_id, "id": rid, "line": line, "response": response, "error": error}
 
@@ -90,13 +92,14 @@ def _openai_line(
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": result.output or ""},
-                "finish_reason": "stop",
+                # A result written before laneway said why an answer ended: stop.
+                "finish_reason": result.finish_reason or "stop",
             }
         ],
         "usage": {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
         },
     }
     return {

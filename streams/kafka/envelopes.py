@@ -23,7 +23,7 @@ from aiokafka.errors import (
 from pydantic import ValidationError
 
 from schemas.errors import BackendUnavailable, InvalidRequest, LanewayError
-from schemas.messages import InferenceResult, QualityEvent, RoutedRequest
+from schemas.messages import InferenceResult, QualityEvent, ResultChunk, RoutedRequest
 from schemas.settings import Settings
 
 __all__ = [
@@ -32,6 +32,8 @@ __all__ = [
     "ConsumedRecord",
     "Outbound",
     "Send",
+    "chunk_record",
+    "closing_chunk",
     "deliver",
     "dlq_for",
     "dlq_record",
@@ -86,15 +88,37 @@ def terminal_records(
     its quality event to ``quality`` (keyed by the result id, so the events
     spread over every partition and the quality loop can scale out; see
     ``streams.quality.loop``). ``cache_key``: the cache entry the answer
-    came from or is stored under."""
+    came from or is stored under. A request its client cancelled has no
+    quality event: it says nothing of its path."""
     key = result.id.encode()
     value = result.model_dump_json().encode()
-    event = QualityEvent.of(result, tenant=tenant, ts_ms=now_ms, cache_key=cache_key)
-    return [
-        Outbound(reply_to, key, value),
-        Outbound(settings.topic("results"), key, value),
-        Outbound(settings.topic("quality"), key, event.model_dump_json().encode()),
-    ]
+    records = [Outbound(reply_to, key, value), Outbound(settings.topic("results"), key, value)]
+    if result.finish_reason != "cancelled":
+        event = QualityEvent.of(result, tenant=tenant, ts_ms=now_ms, cache_key=cache_key)
+        records.append(Outbound(settings.topic("quality"), key, event.model_dump_json().encode()))
+    return records
+
+
+def closing_chunk(result: InferenceResult, *, attempt: int, seq: int, delta: str) -> ResultChunk:
+    """The last chunk of a streamed answer: ``delta`` (the text not sent
+    yet), why it ended and its usage, as the terminal ``result`` says."""
+    return ResultChunk(
+        id=result.id,
+        attempt=attempt,
+        seq=seq,
+        delta=delta,
+        finish_reason=result.finish_reason or ("error" if result.status == "error" else "stop"),
+        usage=result.usage,
+        lane=result.lane,
+        path=result.path,
+        model=result.model,
+    )
+
+
+def chunk_record(chunk: ResultChunk, reply_to: str) -> Outbound:
+    """A chunk on the client's reply topic, keyed by request id like its
+    result: one partition holds both, in the order they were produced."""
+    return Outbound(reply_to, chunk.id.encode(), chunk.model_dump_json().encode())
 
 
 class ConsumedRecord(Protocol):

@@ -286,12 +286,20 @@ def exporter_for(settings: TracingSettings, component: str) -> SpanExporter | No
 
 
 def _key_value(key: str, value: Attribute) -> Any:
-    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+    return KeyValue(key=key, value=_any_value(value))
+
+
+def _any_value(value: Attribute) -> Any:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 
     if isinstance(value, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=value))
+        return AnyValue(bool_value=value)
     if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
+        return AnyValue(int_value=value)
     if isinstance(value, float):
-        return KeyValue(key=key, value=AnyValue(double_value=value))
-    return KeyValue(key=key, value=AnyValue(string_value=value))
+        return AnyValue(double_value=value)
+    if isinstance(value, tuple):
+        return AnyValue(array_value=ArrayValue(values=[_any_value(v) for v in value]))
+    return AnyValue(string_value=value)

@@ -3,13 +3,15 @@ settles, with the ids of its ``traceparent`` (``streams.kafka.tracing``),
 named and described as OpenTelemetry's messaging conventions have it
 (``process <topic>``, kind CONSUMER, ``messaging.*`` attributes) plus
 laneway's own (``laneway.request.id``, ``.lane``, ``.path``, ``.status``,
-``.error_code``). Pure data; ``streams.kafka.otlp`` exports them.
+``.error_code``) and, for a terminal result, the GenAI conventions'
+(``gen_ai.*``: ``gen_ai_attributes``). Pure data; ``streams.kafka.otlp``
+exports them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas.messages import InferenceRequest, InferenceResult, RoutedRequest
@@ -23,6 +25,7 @@ __all__ = [
     "Handled",
     "Outcome",
     "classified_outcome",
+    "gen_ai_attributes",
     "handled_records",
     "lane_outcomes",
     "process_span",
@@ -31,7 +34,8 @@ __all__ = [
 Coords = tuple[str, int, int]
 """A consumed record's topic, partition and offset."""
 
-Attribute = str | int | bool | float
+Attribute = str | int | bool | float | tuple[str, ...]
+"""An attribute's value; a tuple is an array (``gen_ai.response.finish_reasons``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,16 +51,48 @@ class Outcome:
     it on a lane), ``retry`` (parked on a retry topic); an ``error`` span has
     status ERROR."""
     error_code: str | None = None
+    gen_ai: tuple[tuple[str, Attribute], ...] = field(default=(), compare=False)
+    """OpenTelemetry's GenAI attributes of the answer (``gen_ai_attributes``)."""
 
     @classmethod
-    def of_result(cls, result: InferenceResult) -> Outcome:
+    def of_result(cls, result: InferenceResult, request: InferenceRequest | None = None) -> Outcome:
         return cls(
             result.id,
             _text(result.lane),
             _text(result.path),
             result.status,
             _text(result.error.code) if result.error else None,
+            gen_ai_attributes(result, request),
         )
+
+
+def gen_ai_attributes(
+    result: InferenceResult, request: InferenceRequest | None = None
+) -> tuple[tuple[str, Attribute], ...]:
+    """The answer as OpenTelemetry's GenAI semantic conventions name it: a
+    ``chat`` operation, the model that answered, its token usage and why it
+    ended; with ``request``, what was asked of it."""
+    out: list[tuple[str, Attribute]] = [
+        ("gen_ai.operation.name", "chat"),
+        ("gen_ai.response.id", result.id),
+    ]
+    if result.model is not None:
+        out.append(("gen_ai.response.model", result.model))
+    if result.finish_reason is not None:
+        out.append(("gen_ai.response.finish_reasons", (result.finish_reason,)))
+    if result.status == "ok":
+        out.append(("gen_ai.usage.input_tokens", result.usage.prompt_tokens))
+        out.append(("gen_ai.usage.output_tokens", result.usage.completion_tokens))
+    if request is not None:
+        out.append(("gen_ai.request.max_tokens", request.max_tokens))
+        out.append(("gen_ai.request.temperature", request.temperature))
+        if request.seed is not None:
+            out.append(("gen_ai.request.seed", request.seed))
+        if request.stop:
+            out.append(("gen_ai.request.stop_sequences", tuple(request.stop)))
+    if result.error is not None:
+        out.append(("error.type", str(result.error.code)))
+    return tuple(out)
 
 
 UNREADABLE = Outcome(None, None, None, "error", "INF-400")
@@ -88,7 +124,7 @@ def classified_outcome(classified: _Classified) -> Outcome:
     rule or refusal), else the lane and path it was routed to; a record
     refused with no result (its id or reply topic unreadable) is INF-400."""
     if classified.result is not None:
-        return Outcome.of_result(classified.result)
+        return Outcome.of_result(classified.result, classified.request)
     if classified.outcome == "rejected":
         return UNREADABLE
     decision = classified.decision
@@ -111,7 +147,9 @@ def lane_outcomes(
     or an earlier one); else it was given up (INF-502: it crashed its worker
     too often). A record missing here was unreadable (``UNREADABLE``)."""
     outcomes: dict[Coords, Outcome] = {}
+    requests: dict[Coords, InferenceRequest] = {}
     for key, routed in readable:
+        requests[_coords(key)] = routed.request
         outcomes[_coords(key)] = Outcome(
             routed.request.id, _text(routed.lane), _text(routed.path), "error", "INF-502"
         )
@@ -120,7 +158,7 @@ def lane_outcomes(
         if was is not None:
             outcomes[_coords(key)] = Outcome(was.request_id, was.lane, was.path, "retry")
     for key, result in results:
-        outcomes[_coords(key)] = Outcome.of_result(result)
+        outcomes[_coords(key)] = Outcome.of_result(result, requests.get(_coords(key)))
     return outcomes
 
 
@@ -199,6 +237,7 @@ def process_span(handled: Handled, *, group: str, start_ns: int, end_ns: int) ->
     ):
         if value is not None:
             attributes.append((name, value))
+    attributes += outcome.gen_ai
     return FinishedSpan(
         trace_id=handled.own.trace_id,
         span_id=handled.own.span_id,

@@ -50,6 +50,9 @@ def topic_specs(settings: Settings, extra_reply_topics: tuple[str, ...] = ()) ->
         TopicSpec(t("results"), n, "every terminal result (InferenceResult)"),
         TopicSpec(t("quality"), n, "quality events (QualityEvent)"),
         TopicSpec(t("feedback"), n, "client feedback (Feedback)"),
+        TopicSpec(
+            t("cancels"), n, "requests whose answer the client no longer wants (CancelRequest)"
+        ),
         TopicSpec(t("dlq"), 1, "records nobody could process, with error headers"),
         TopicSpec(t("batch.jobs"), n, "offline batch job events"),
         TopicSpec(t("shadow"), n, "shadow versions' answers, never sent to clients"),

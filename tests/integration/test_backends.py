@@ -169,3 +169,60 @@ async def test_vllm_backend_without_the_extra_is_a_clear_inf_502() -> None:
     backend = create_backend("vllm", "m", BackendSettings())
     with pytest.raises(BackendUnavailable, match=r"laneway\[gpu\]"):
         await backend.load()
+
+
+async def streamed(backend: Backend, item: GenerationInput) -> tuple[list[str], Generation]:
+    """``item`` run with a listener: the pieces it was handed, and the answer."""
+    pieces: list[str] = []
+    (outcome,) = await backend.infer_batch([dataclasses.replace(item, on_text=pieces.append)])
+    assert isinstance(outcome, Generation), outcome
+    return pieces, outcome
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+async def test_llamacpp_streams_pieces_that_join_into_the_greedy_answer(
+    model: str, tmp_path: FsPath
+) -> None:
+    # SmolLM2 answers through its chat template; Gemma-3 (a base model)
+    # through a transcript whose answer is stripped, so its pieces hold back
+    # white space at either end.
+    backend = create_backend("llamacpp", model, BackendSettings(model_dir=tmp_path))
+    await backend.load()
+    try:
+        story = ask("Write a short story about a dragon.", max_tokens=48)
+        (plain,) = await backend.infer_batch([story])
+        pieces, answer = await streamed(backend, story)
+        short_pieces, short = await streamed(backend, ask("What is the capital of France?", 40))
+    finally:
+        await backend.close()
+    assert answer == plain, "streaming changes nothing of the answer"
+    assert "".join(pieces) == answer.text and len(pieces) > 5
+    assert answer.finish == "length" and answer.completion_tokens == 48
+    assert short.finish == "stop" and "".join(short_pieces) == short.text
+
+
+async def test_llamacpp_streams_each_sequence_of_a_batch_apart(smollm2: Backend) -> None:
+    prompts = ["Name a fruit.", "Count from one to ten.", "Say hi.", "Describe the sea."]
+    pieces: list[list[str]] = [[] for _ in prompts]
+    items = [
+        dataclasses.replace(ask(p, 24), on_text=own.append)
+        for p, own in zip(prompts, pieces, strict=True)
+    ]
+    outcomes = await smollm2.infer_batch(items)
+    for own, outcome in zip(pieces, outcomes, strict=True):
+        assert isinstance(outcome, Generation) and "".join(own) == outcome.text
+
+
+async def test_openai_backend_streams_from_the_servers_sse(openai_server: str) -> None:
+    backend = create_backend("openai", "smollm2", BackendSettings(openai_base_url=openai_server))
+    await backend.load()
+    try:
+        question = ask("Write a short story about a dragon.", max_tokens=32)
+        (plain,) = await backend.infer_batch([question])
+        pieces, answer = await streamed(backend, question)
+    finally:
+        await backend.close()
+    assert isinstance(plain, Generation)
+    assert answer.text == plain.text and "".join(pieces) == answer.text and len(pieces) > 5
+    assert answer.finish == plain.finish == "length"
+    assert answer.completion_tokens == plain.completion_tokens == 32

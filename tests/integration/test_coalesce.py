@@ -22,6 +22,7 @@ from tests.integration.conftest import (
 from workers.execution import Executor, Finished, backend_slots
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
+from workers.streaming import AnswerStream
 
 
 class CountingExecutor(Executor):
@@ -35,9 +36,10 @@ class CountingExecutor(Executor):
         self,
         batch: Sequence[RoutedRequest],
         unwanted: Mapping[int, asyncio.Event] | None = None,
+        streams: Mapping[int, AnswerStream] | None = None,
     ) -> list[Finished]:
         self.ran += [routed.request.id for routed in batch]
-        return await super().execute(batch, unwanted)
+        return await super().execute(batch, unwanted, streams)
 
 
 async def fetched_by_a_worker(
@@ -132,10 +134,11 @@ class HeldExecutor(CountingExecutor):
         self,
         batch: Sequence[RoutedRequest],
         unwanted: Mapping[int, asyncio.Event] | None = None,
+        streams: Mapping[int, AnswerStream] | None = None,
     ) -> list[Finished]:
         self.ran += [routed.request.id for routed in batch]
         await self.release.wait()
-        return await Executor.execute(self, batch, unwanted)
+        return await Executor.execute(self, batch, unwanted, streams)
 
 
 async def until_started(executor: CountingExecutor) -> None:

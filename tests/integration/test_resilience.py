@@ -569,3 +569,35 @@ async def test_classifier_killed_mid_stream_loses_no_request(resilient_stack: St
     failed = {rid: r.error for rid, r in results.items() if r.status != "ok"}
     assert not failed, failed
     print(f"\nclassifier restart: 30 answered, {duplicates} duplicate replies dropped by the SDK")
+
+
+async def test_a_stream_cut_by_a_worker_sigkill_ends_complete_under_a_higher_attempt(
+    resilient_stack: Stack,
+) -> None:
+    settings = resilient_stack.settings
+    async with LanewayClient(settings.kafka, client_id=f"sk-{uuid.uuid4().hex[:6]}") as client:
+        deltas = []
+        killed: str | None = None
+        async for delta in client.stream(
+            "Write a long story about a dragon and a knight.",
+            max_tokens=200,
+            lane="bulk",
+            timeout_s=240,
+        ):
+            deltas.append(delta)
+            if killed is None and len(deltas) == 3:  # mid-stream: the decode is running
+                worker = resilient_stack.child(f"worker-{delta.lane}")
+                assert worker.pid is not None
+                os.kill(worker.pid, signal.SIGKILL)
+                killed = worker.name
+        duplicates = client.duplicates
+    last = deltas[-1]
+    assert killed is not None and last.result is not None
+    assert last.result.status == "ok", last.result
+    restarts = [i for i, d in enumerate(deltas) if d.restart]
+    assert restarts, "the redelivered decode replaced the text shown"
+    assert last.attempt > deltas[0].attempt
+    since = deltas[restarts[-1] :]
+    assert "".join(d.text for d in since) == last.result.output, "complete, once"
+    assert last.finish_reason in ("stop", "length")
+    print(f"\n{killed} killed mid-stream: attempt {last.attempt}, {duplicates} duplicates dropped")

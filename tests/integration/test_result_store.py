@@ -19,6 +19,7 @@ from tests.integration.conftest import fetch_lane_records, read_topic, routed_no
 from workers.execution import Executor, Finished, backend_slots
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
+from workers.streaming import AnswerStream
 
 
 def store_for(settings: Settings, prefix: str) -> ResultStore:
@@ -121,6 +122,7 @@ class CrashingExecutor(Executor):
         self,
         batch: Sequence[RoutedRequest],
         unwanted: Mapping[int, asyncio.Event] | None = None,
+        streams: Mapping[int, AnswerStream] | None = None,
     ) -> list[Finished]:
         if batch:
             raise RuntimeError("segfault-like crash")
@@ -159,10 +161,11 @@ class PoisonExecutor(Executor):
         self,
         batch: Sequence[RoutedRequest],
         unwanted: Mapping[int, asyncio.Event] | None = None,
+        streams: Mapping[int, AnswerStream] | None = None,
     ) -> list[Finished]:
         if any(routed.request.prompt == POISON for routed in batch):
             raise RuntimeError("segfault-like crash")
-        return await super().execute(batch, unwanted)
+        return await super().execute(batch, unwanted, streams)
 
 
 async def test_a_poison_record_is_dead_lettered_alone_and_its_batch_mates_answered(

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import importlib
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from schemas.errors import (
     BackendUnavailable,
@@ -50,6 +50,13 @@ class GenerationInput:
     """Set when the answer is no longer wanted (another worker's reached the
     cache first): the backend stops generating it and answers ``STOPPED``
     (``until_unwanted``). A backend that cannot stop finishes it."""
+    on_text: Callable[[str], None] | None = None
+    """Called on the event loop with each piece of the answer as it is
+    generated, in order, before ``infer_batch`` returns (``None``: nobody
+    listens). The pieces of an answer join into its text; where they do not
+    (a batch retried in halves after running out of memory, say), the
+    answer ``infer_batch`` returns is what counts, and ``workers.streaming``
+    mends the stream from it."""
 
     def remaining_s(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
@@ -60,6 +67,9 @@ class Generation:
     text: str
     prompt_tokens: int
     completion_tokens: int
+    finish: Literal["stop", "length"] = "stop"
+    """``stop``: the model ended the answer, or a stop string did;
+    ``length``: cut at ``max_tokens`` (or at the room the context left)."""
 
 
 Outcome = Generation | LanewayError

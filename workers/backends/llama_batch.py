@@ -51,7 +51,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -102,6 +102,12 @@ class SequenceRequest:
     stops: tuple[str, ...] = ()
     deadline: float | None = None
     """On the ``time.monotonic()`` clock; ``None`` = none."""
+    on_piece: Callable[[bytes], None] | None = field(default=None, compare=False)
+    """Called on the decode thread after each step with the answer's bytes
+    that no stop string can take back any more, and with the rest when the
+    sequence ends, before its future resolves: the pieces join into the
+    answer's text (``None``: not streamed). It must be quick and must not
+    raise: hand the bytes to another thread."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -543,13 +549,24 @@ class BatchDecoder:
     def _advance(self, seq: _Sequence, token: int) -> None:
         assert seq.sampler is not None and seq.scanner is not None
         if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+            on_piece = seq.request.on_piece
+            piece = seq.scanner.take(last=True) if on_piece is not None else b""
+            if on_piece is not None and piece:
+                on_piece(piece)
             self._finish(seq, self._decoded(seq, "eog"))
             return
         seq.sampler.accept(token)
         seq.completion += 1
-        if seq.scanner.feed(self._piece(token)):
+        stopped = seq.scanner.feed(self._piece(token))
+        ended = stopped or seq.completion >= seq.max_tokens
+        on_piece = seq.request.on_piece
+        if on_piece is not None:
+            piece = seq.scanner.take(last=ended)
+            if piece:
+                on_piece(piece)
+        if stopped:
             self._finish(seq, self._decoded(seq, "stop"))
-        elif seq.completion >= seq.max_tokens:
+        elif ended:
             self._finish(seq, self._decoded(seq, "length"))
         else:
             seq.todo.append(token)

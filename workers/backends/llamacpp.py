@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
 from workers.backends.base import Generation, GenerationInput, Outcome, until_unwanted
 from workers.backends.llama_batch import BatchDecoder, Decoded, SequenceRequest
+from workers.backends.pieces import AnswerPieces, Utf8Pieces
 from workers.models import prompt_style, resolve_gguf
 
 __all__ = ["TRANSCRIPT_STOPS", "LlamaCppBackend", "Prompt", "as_transcript"]
@@ -126,6 +127,9 @@ class LlamaCppBackend:
                 seed=item.seed or 0,
                 stops=prompt.stops,
                 deadline=item.deadline,
+                on_piece=_threadsafe(Utf8Pieces(AnswerPieces(item.on_text, strip=prompt.strip)))
+                if item.on_text is not None
+                else None,
             )
             requests.append((i, prompt, request))
         futures = decoder.submit([request for _, _, request in requests])
@@ -158,7 +162,23 @@ def _outcome(result: Decoded | LanewayError, prompt: Prompt) -> Outcome:
     if isinstance(result, LanewayError):
         return result
     text = result.text.strip() if prompt.strip else result.text
-    return Generation(text, result.prompt_tokens, result.completion_tokens)
+    return Generation(
+        text,
+        result.prompt_tokens,
+        result.completion_tokens,
+        "length" if result.finish == "length" else "stop",
+    )
+
+
+def _threadsafe(handler: Callable[[bytes], None]) -> Callable[[bytes], None]:
+    """``handler`` run on the calling event loop, from any thread."""
+    loop = asyncio.get_running_loop()
+
+    def call(data: bytes) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
+            loop.call_soon_threadsafe(handler, data)
+
+    return call
 
 
 def as_transcript(messages: Sequence[ChatMessage]) -> str:

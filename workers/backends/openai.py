@@ -5,8 +5,9 @@ sent as concurrent requests; the server does the batching."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import httpx
 
@@ -69,6 +70,10 @@ class OpenAIBackend:
             if remaining <= 0:
                 return DeadlineExceeded("deadline passed before the request was sent")
             timeout = min(timeout, remaining)
+        if item.on_text is not None:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+            return await self._streamed(client, body, timeout, item.on_text)
         try:
             response = await client.post("chat/completions", json=body, timeout=timeout)
         except httpx.TimeoutException as exc:
@@ -82,13 +87,69 @@ class OpenAIBackend:
         try:
             data = response.json()
             usage = data.get("usage") or {}
+            choice = data["choices"][0]
             return Generation(
-                text=data["choices"][0]["message"]["content"] or "",
+                text=choice["message"]["content"] or "",
                 prompt_tokens=int(usage.get("prompt_tokens", 0)),
                 completion_tokens=int(usage.get("completion_tokens", 0)),
+                finish=_finish(choice.get("finish_reason")),
             )
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             return map_backend_exception(exc)
+
+    async def _streamed(
+        self,
+        client: httpx.AsyncClient,
+        body: dict[str, Any],
+        limit_s: float,
+        on_text: Callable[[str], None],
+    ) -> Outcome:
+        """The answer read from the server's SSE stream, each content delta
+        handed to ``on_text`` as it comes."""
+        pieces: list[str] = []
+        finish: str | None = None
+        usage: dict[str, Any] = {}
+        deltas = 0
+        try:
+            async with asyncio.timeout(limit_s):
+                async with client.stream(
+                    "POST", "chat/completions", json=body, timeout=limit_s
+                ) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        return _http_error(response)
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            break
+                        event = json.loads(data)
+                        if event.get("error"):
+                            return BackendUnavailable(f"server stream failed: {event['error']}")
+                        usage = event.get("usage") or usage
+                        for choice in event.get("choices") or ():
+                            text = (choice.get("delta") or {}).get("content")
+                            if text:
+                                pieces.append(text)
+                                deltas += 1
+                                on_text(text)
+                            finish = choice.get("finish_reason") or finish
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            return DeadlineExceeded(
+                f"OpenAI-compatible server timed out after {limit_s:.3f}s: {exc!r}"
+            )
+        except httpx.HTTPError as exc:
+            return BackendUnavailable(f"OpenAI-compatible server unreachable: {exc}")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return map_backend_exception(exc)
+        return Generation(
+            text="".join(pieces),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            # A server that sends no usage in a stream: one delta is one token.
+            completion_tokens=int(usage.get("completion_tokens", deltas)),
+            finish=_finish(finish),
+        )
 
     async def check_health(self) -> bool:
         if self._client is None:
@@ -103,6 +164,12 @@ class OpenAIBackend:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+
+
+def _finish(reason: object) -> Literal["stop", "length"]:
+    """OpenAI's ``finish_reason`` as laneway's: ``length`` stays, every
+    other end (``stop``, a tool call, a filter) is ``stop``."""
+    return "length" if reason == "length" else "stop"
 
 
 def _http_error(response: httpx.Response) -> LanewayError:

@@ -97,6 +97,7 @@ class StopScanner:
         self._buffer = bytearray()
         self._stop_at: int | None = None
         self._held = 0
+        self._taken = 0
 
     @property
     def stopped(self) -> bool:
@@ -121,6 +122,16 @@ class StopScanner:
         if self._stop_at is not None:
             return bytes(self._buffer[: self._stop_at])
         return bytes(self._buffer[: len(self._buffer) - self._held])
+
+    def take(self, *, last: bool = False) -> bytes:
+        """The released bytes not taken before (for a stream); ``last``: the
+        sequence ended, so what was held back for a stop string is released."""
+        end = self._stop_at if self._stop_at is not None else len(self._buffer)
+        if not last and self._stop_at is None:
+            end -= self._held
+        new = bytes(self._buffer[self._taken : end]) if end > self._taken else b""
+        self._taken = max(self._taken, end)
+        return new
 
     def text(self) -> str:
         end = len(self._buffer) if self._stop_at is None else self._stop_at

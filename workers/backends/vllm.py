@@ -33,6 +33,7 @@ import itertools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path as FsPath
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from schemas.errors import (
@@ -52,8 +53,10 @@ from workers.backends.base import (
     map_backend_exception,
     until_unwanted,
 )
+from workers.backends.pieces import AnswerPieces
 
 __all__ = [
+    "DeltaJoin",
     "VLLMBackend",
     "engine_options",
     "generation_from",
@@ -146,17 +149,20 @@ async def last_before_deadline(
     stream: AsyncGenerator[T, None],
     deadline: float | None,
     abort: Callable[[], Awaitable[object]],
+    each: Callable[[T], None] | None = None,
 ) -> T | DeadlineExceeded | None:
     """The last item of ``stream``, or ``DeadlineExceeded`` once ``deadline``
     passes first, after ``abort()`` (which frees the request's slot in the
     engine at once). Cancelled (its answer no longer wanted), it aborts too.
     The stream is closed either way; errors it raises propagate. ``None``:
-    the stream ended without an item."""
+    the stream ended without an item. ``each`` sees every item as it comes."""
     timer = asyncio.timeout(time_left(deadline, time.monotonic()))
     last: T | None = None
     try:
         async with timer:
             async for item in stream:
+                if each is not None:
+                    each(item)
                 last = item
     except asyncio.CancelledError:
         with contextlib.suppress(Exception):
@@ -217,7 +223,41 @@ def generation_from(output: Any, *, strip: bool = False) -> Outcome:
         text=text,
         prompt_tokens=len(output.prompt_token_ids or ()),
         completion_tokens=len(completion.token_ids),
+        finish="length" if completion.finish_reason == "length" else "stop",
     )
+
+
+class DeltaJoin:
+    """A streamed request's ``DELTA`` outputs (each holds only what is new:
+    text and token ids), each delta's text handed to ``on_text`` as it
+    comes, joined into the finished output ``generation_from`` reads."""
+
+    def __init__(self, on_text: Callable[[str], None], *, strip: bool) -> None:
+        self._pieces = AnswerPieces(on_text, strip=strip)
+        self._strip = strip
+        self._text: list[str] = []
+        self._tokens = 0
+        self._prompt: Sequence[int] | None = None
+
+    def add(self, output: Any) -> None:
+        completion = output.outputs[0]
+        if output.prompt_token_ids:
+            self._prompt = output.prompt_token_ids
+        self._tokens += len(completion.token_ids)
+        if completion.text:
+            self._text.append(completion.text)
+            self._pieces(completion.text)
+
+    def generation(self, last: Any) -> Outcome:
+        """The whole answer, ``last`` being the final delta."""
+        completion = last.outputs[0]
+        joined = SimpleNamespace(
+            text="".join(self._text),
+            token_ids=range(self._tokens),
+            finish_reason=completion.finish_reason,
+        )
+        whole = SimpleNamespace(prompt_token_ids=self._prompt, outputs=[joined])
+        return generation_from(whole, strip=self._strip)
 
 
 class VLLMBackend:
@@ -280,6 +320,7 @@ class VLLMBackend:
             "SamplingParams": SamplingParams,
             "tokens_input": tokens_input,
             "FINAL_ONLY": RequestOutputKind.FINAL_ONLY,
+            "DELTA": RequestOutputKind.DELTA,
         }
 
     def _prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
@@ -320,11 +361,17 @@ class VLLMBackend:
             )
         options = sampling_options(item, self._stops)
         request_id = f"laneway-{next(self._ids)}"
+        strip = self._transcript is not None
+        joined = DeltaJoin(item.on_text, strip=strip) if item.on_text is not None else None
+        kind = self._vllm["FINAL_ONLY"] if joined is None else self._vllm["DELTA"]
         try:
-            params = self._vllm["SamplingParams"](**options, output_kind=self._vllm["FINAL_ONLY"])
+            params = self._vllm["SamplingParams"](**options, output_kind=kind)
             stream = engine.generate(self._vllm["tokens_input"](ids), params, request_id)
             final = await last_before_deadline(
-                stream, item.deadline, lambda: engine.abort(request_id)
+                stream,
+                item.deadline,
+                lambda: engine.abort(request_id),
+                joined.add if joined is not None else None,
             )
         except Exception as exc:
             return map_vllm_exception(exc)
@@ -332,7 +379,9 @@ class VLLMBackend:
             return BackendUnavailable("vLLM ended the request without an output")
         if isinstance(final, DeadlineExceeded):
             return final
-        return generation_from(final, strip=self._transcript is not None)
+        if joined is not None:
+            return joined.generation(final)
+        return generation_from(final, strip=strip)
 
     async def check_health(self) -> bool:
         if self._engine is None:

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from schemas.jobs import BatchCounts, BatchJob, BatchJobEvent, BatchJobStatus
 from schemas.messages import (
+    CancelRequest,
     ErrorInfo,
     Feedback,
     InferenceRequest,
@@ -19,7 +20,9 @@ from schemas.messages import (
     Lane,
     Path,
     QualityEvent,
+    ResultChunk,
     RoutedRequest,
+    Usage,
 )
 from schemas.wire_schema import SCHEMA_DIR, WIRE_MODELS, export, schema_text
 
@@ -33,7 +36,16 @@ REQUEST = InferenceRequest(
     metadata={"cache": "bypass"},
 )
 EXAMPLES: dict[str, list[BaseModel]] = {
-    "request": [REQUEST, InferenceRequest(id="r2", prompt="hi")],
+    "request": [
+        REQUEST,
+        InferenceRequest(id="r2", prompt="hi"),
+        InferenceRequest(
+            id="r3",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        ),
+    ],
     "routed": [
         RoutedRequest(
             request=REQUEST,
@@ -55,6 +67,18 @@ EXAMPLES: dict[str, list[BaseModel]] = {
             ),
         ),
     ],
+    "result_chunk": [
+        ResultChunk(id="req-42", attempt=1, seq=0, delta="It ships", path=Path.LIGHT),
+        ResultChunk(
+            id="req-42",
+            attempt=1,
+            seq=1,
+            delta=" today.",
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=12, completion_tokens=4),
+        ),
+    ],
+    "cancel": [CancelRequest(id="req-42")],
     "quality": [
         QualityEvent(
             kind="result",

@@ -1,6 +1,6 @@
 import json
 
-from schemas.messages import InferenceResult, QualityEvent, RoutedRequest
+from schemas.messages import InferenceResult, QualityEvent, ResultChunk, RoutedRequest
 from schemas.settings import RoutingSettings, Settings
 from streams.classify.classifier import (
     Admitted,
@@ -58,6 +58,25 @@ def test_rule_answer_goes_to_client_results_and_quality() -> None:
     assert reply.value == results.value
     assert quality.topic == "laneway.quality" and quality.key == b"req-1"  # spread by id
     assert QualityEvent.model_validate_json(quality.value).success
+
+
+def test_a_streamed_rule_answer_is_one_chunk_of_attempt_0_before_its_result() -> None:
+    out = classify(body(prompt="hello", stream=True, reply_to="laneway.replies.app"))
+    chunk, reply, results, _quality = out.records
+    assert chunk.topic == reply.topic == "laneway.replies.app" and chunk.key == reply.key
+    piece = ResultChunk.model_validate_json(chunk.value)
+    result = InferenceResult.model_validate_json(reply.value)
+    assert (piece.attempt, piece.seq, piece.finish_reason) == (0, 0, "stop")
+    assert piece.delta == result.output and result.finish_reason == "stop"
+    assert results.topic == "laneway.results"
+
+
+def test_a_streamed_request_refused_at_its_deadline_ends_its_stream_with_error() -> None:
+    out = classify(body(deadline_ms=100, stream=True), age_ms=150)
+    chunk, reply, *_ = out.records
+    piece = ResultChunk.model_validate_json(chunk.value)
+    assert piece.finish_reason == "error" and piece.delta == ""
+    assert InferenceResult.model_validate_json(reply.value).finish_reason == "error"
 
 
 def test_expired_deadline_gets_inf_503() -> None:

@@ -90,3 +90,24 @@ def test_what_the_dlq_refuses_keeps_its_headers_and_then_is_given_up() -> None:
     result = Outbound("laneway.results", b"k", b'{"id": "r"}')
     (only,) = refused_for_good(result, TopicAuthorizationFailedError(), SETTINGS)
     assert only.topic == "laneway.dlq" and dict(only.headers)["laneway-error-code"] == b"INF-502"
+
+
+def test_a_cancelled_request_has_no_quality_event() -> None:
+    from schemas.errors import DeadlineExceeded
+    from streams.kafka.envelopes import terminal_records
+
+    failed = InferenceResult.failure("r", DeadlineExceeded("cancelled by the client"))
+    cancelled = failed.model_copy(update={"finish_reason": "cancelled"})
+    topics = [
+        [
+            r.topic
+            for r in terminal_records(
+                x, reply_to="laneway.replies", tenant=None, now_ms=1, settings=SETTINGS
+            )
+        ]
+        for x in (failed, cancelled)
+    ]
+    assert topics == [
+        ["laneway.replies", "laneway.results", "laneway.quality"],
+        ["laneway.replies", "laneway.results"],
+    ]

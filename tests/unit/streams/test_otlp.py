@@ -382,3 +382,30 @@ def test_a_refusing_collector_counts_failures_then_recovers(
     ]
     assert [level for level, _ in messages] == [logging.WARNING, logging.INFO]
     assert "answers again" in messages[1][1]
+
+
+def test_a_result_span_carries_the_genai_attributes() -> None:
+    from schemas.messages import InferenceRequest, Usage
+    from streams.kafka.spans import gen_ai_attributes
+
+    result = InferenceResult(
+        id="r-9",
+        status="ok",
+        output="Paris",
+        model="llamacpp:smollm2-135m",
+        finish_reason="length",
+        usage=Usage(prompt_tokens=7, completion_tokens=3),
+    )
+    request = InferenceRequest(id="r-9", prompt="?", max_tokens=3, stop=["\n"])
+    attributes = dict(gen_ai_attributes(result, request))
+    assert attributes == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.response.id": "r-9",
+        "gen_ai.response.model": "llamacpp:smollm2-135m",
+        "gen_ai.response.finish_reasons": ("length",),
+        "gen_ai.usage.input_tokens": 7,
+        "gen_ai.usage.output_tokens": 3,
+        "gen_ai.request.max_tokens": 3,
+        "gen_ai.request.temperature": 0.0,
+        "gen_ai.request.stop_sequences": ("\n",),
+    }

@@ -15,6 +15,7 @@ from streams.cache.response import ResponseCache
 from workers.claims import DecodeClaims
 from workers.execution import Executor, Finished, backend_slots
 from workers.runner import WATCH_S, BatchRunner
+from workers.streaming import AnswerStream
 
 
 class SwallowingCache(ResponseCache):
@@ -37,9 +38,10 @@ class SlowExecutor(Executor):
         self,
         batch: Sequence[RoutedRequest],
         unwanted: Mapping[int, asyncio.Event] | None = None,
+        streams: Mapping[int, AnswerStream] | None = None,
     ) -> list[Finished]:
         await asyncio.sleep(WATCH_S * 1.5)
-        return await super().execute(batch, unwanted)
+        return await super().execute(batch, unwanted, streams)
 
 
 async def test_the_watch_ends_with_the_decode_when_a_cancel_is_swallowed() -> None:
