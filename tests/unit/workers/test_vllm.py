@@ -23,6 +23,7 @@ from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
 from workers.backends.base import STOPPED, Generation, GenerationInput, until_unwanted
 from workers.backends.vllm import (
+    DeltaJoin,
     VLLMBackend,
     engine_options,
     generation_from,
@@ -313,6 +314,36 @@ def test_an_output_the_engine_aborted_is_inf_502() -> None:
 def test_an_output_that_ended_in_the_engines_own_error_is_inf_502() -> None:
     """vLLM's ``finish_reason`` "error": its text is empty or cut short."""
     assert isinstance(generation_from(output(" Par", "error")), BackendUnavailable)
+
+
+def test_an_output_cut_at_max_tokens_says_length() -> None:
+    assert generation_from(output(" Par", "length")).finish == "length"  # type: ignore[union-attr]
+
+
+def delta(
+    text: str, ids: list[int], finish: str | None = None, prompt: bool = False
+) -> SimpleNamespace:
+    """A ``DELTA`` output: only what is new since the one before."""
+    completion = SimpleNamespace(text=text, token_ids=ids, finish_reason=finish)
+    return SimpleNamespace(prompt_token_ids=[1, 2, 3] if prompt else None, outputs=[completion])
+
+
+def test_delta_outputs_are_handed_on_and_joined_into_the_answer() -> None:
+    pieces: list[str] = []
+    joined = DeltaJoin(pieces.append, strip=True)  # a transcript's answer: stripped
+    outputs = [delta(" Pa", [7], prompt=True), delta("ris", [8]), delta(".\n", [9, 10], "length")]
+    for out in outputs:
+        joined.add(out)
+    answer = joined.generation(outputs[-1])
+    assert answer == Generation("Paris.", 3, 4, "length")
+    assert "".join(pieces) == answer.text == "Paris."
+
+
+def test_delta_outputs_the_engine_aborted_are_inf_502() -> None:
+    joined = DeltaJoin(lambda _: None, strip=False)
+    last = delta("", [], "abort")
+    joined.add(last)
+    assert isinstance(joined.generation(last), BackendUnavailable)
 
 
 async def test_a_backend_not_loaded_is_inf_502() -> None:

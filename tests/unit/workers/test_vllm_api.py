@@ -91,6 +91,8 @@ def test_sampling_params_take_the_backends_options(
     assert params.seed == options["seed"]
     assert list(params.stop or []) == list(options["stop"] or [])
     assert params.output_kind == RequestOutputKind.FINAL_ONLY
+    streamed = vllm.SamplingParams(**options, output_kind=RequestOutputKind.DELTA)
+    assert streamed.output_kind == RequestOutputKind.DELTA  # a streamed request's deltas
 
 
 def test_a_token_prompt_is_built_as_the_engine_takes_it(vllm: ModuleType) -> None:
