@@ -93,6 +93,19 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
     bench.add_argument("--overload", action="store_true", help="offer 1x/2x/3x capacity, open loop")
     bench.add_argument(
+        "--stream",
+        action="store_true",
+        help="the mix with stream: true: time to first token beside the total, per lane and path",
+    )
+    bench.add_argument(
+        "--stream-cost",
+        action="store_true",
+        help="model answers' tokens/s streamed against not streamed, alternated on one stack",
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=2, help="--stream-cost: legs of each kind, alternated"
+    )
+    bench.add_argument(
         "--client",
         choices=["sdk", "plain"],
         default="sdk",
@@ -410,6 +423,11 @@ def _bench(settings: Settings, args: argparse.Namespace) -> int:
         from streams.tools.bench_batch import run_batch_bench
 
         return run_batch_bench(settings, args)
+
+    if args.stream_cost:
+        from streams.tools.bench_stream import stream_cost
+
+        return stream_cost(settings, args)
 
     return run_bench(settings, args)
 
