@@ -69,6 +69,8 @@ class Sample:
     ttft_ms: float | None = None
     """A streamed request's time to its first chunk with text (``None``: not streamed)."""
     completion_tokens: int = 0
+    chunks: int = 0
+    """``result_chunk`` records read for it (a streamed request)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +267,11 @@ async def drive(
             nonlocal lost
             async with gate:
                 first: list[float] = []
+                chunks = 0
 
                 def on_chunk(chunk: Any) -> None:
+                    nonlocal chunks
+                    chunks += 1
                     if not first and chunk_text(chunk):
                         first.append(time.perf_counter())
 
@@ -293,6 +298,7 @@ async def drive(
                         code=result.error.code if result.error else "",
                         ttft_ms=(first[0] - sent) * 1000 if first else None,
                         completion_tokens=result.usage.completion_tokens,
+                        chunks=chunks,
                     )
                 )
 

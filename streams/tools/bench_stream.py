@@ -41,6 +41,8 @@ class Leg:
     seconds: float
     p50_ms: float
     ttft_p50_ms: float | None
+    chunks: int = 0
+    """``result_chunk`` records its answers came in (0: not streamed)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -68,21 +70,23 @@ def leg_of(samples: list[Sample], started: float, lost: int, streamed: bool) -> 
         seconds=max((s.finished_at for s in samples), default=started) - started,
         p50_ms=_percentile(sorted(s.latency_ms for s in ok), 0.5),
         ttft_p50_ms=_percentile(firsts, 0.5) if firsts else None,
+        chunks=sum(s.chunks for s in ok),
     )
 
 
 def format_legs(legs: list[Leg]) -> str:
     head = (
         f"{'leg':>3} {'streamed':>8} {'ok':>4} {'err':>4} {'lost':>4} {'tokens':>7} "
-        f"{'s':>7} {'tok/s':>7} {'p50 ms':>8} {'ttft p50':>9}"
+        f"{'s':>7} {'tok/s':>7} {'p50 ms':>8} {'ttft p50':>9} {'tok/chunk':>9}"
     )
     lines = [head, "-" * len(head)]
     for i, leg in enumerate(legs, 1):
         ttft = f"{leg.ttft_p50_ms:9.1f}" if leg.ttft_p50_ms is not None else f"{'-':>9}"
+        per_chunk = f"{leg.tokens / leg.chunks:9.1f}" if leg.chunks else f"{'-':>9}"
         lines.append(
             f"{i:3d} {'yes' if leg.streamed else 'no':>8} {leg.answered:4d} {leg.errors:4d} "
             f"{leg.lost:4d} {leg.tokens:7d} {leg.seconds:7.1f} {leg.tokens_per_s:7.1f} "
-            f"{leg.p50_ms:8.1f} {ttft}"
+            f"{leg.p50_ms:8.1f} {ttft} {per_chunk}"
         )
     return "\n".join(lines)
 
