@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--deadline-ms", type=int)
     ask.add_argument("--max-tokens", type=int, default=64)
     ask.add_argument("--timeout-s", type=float, default=120.0)
+    ask.add_argument(
+        "--stream", action="store_true", help="print the answer as it is generated, then its result"
+    )
 
     from streams.tools.distill_cli import add_distill_parser
 
@@ -376,9 +379,20 @@ def _ask(settings: Settings, args: argparse.Namespace) -> int:
                 fields["lane"] = args.lane
             if args.deadline_ms:
                 fields["deadline_ms"] = args.deadline_ms
-            result = await client.ask(args.prompt, timeout_s=args.timeout_s, **fields)
-            print(result_summary(result))
-            return 0 if result.status == "ok" else 1
+            if not args.stream:
+                result = await client.ask(args.prompt, timeout_s=args.timeout_s, **fields)
+                print(result_summary(result))
+                return 0 if result.status == "ok" else 1
+            final = None
+            async for delta in client.stream(args.prompt, timeout_s=args.timeout_s, **fields):
+                if delta.restart:
+                    print("\n[the answer was restarted by another attempt]", flush=True)
+                print(delta.text, end="", flush=True)
+                final = delta.result
+            print()
+            assert final is not None  # the stream ends with its result
+            print(result_summary(final).splitlines()[0], f"finish={final.finish_reason}")
+            return 0 if final.status == "ok" else 1
 
     return asyncio.run(ask())
 
