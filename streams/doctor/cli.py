@@ -26,15 +26,17 @@ __all__ = [
     "add_doctor_parser",
     "as_json",
     "format_report",
+    "metrics_targets",
     "parse_duration",
     "parse_time",
     "run_doctor",
+    "span",
 ]
 
 TITLES = {
     "slower": "1. what got slower (recent against its own baseline)",
     "resources": "2. resources: processes, GPUs, disk, workers",
-    "time": "3. where the time goes, per lane",
+    "time": "3. where the time goes, per lane and path",
     "model": "4. the model layer: versions and drift",
 }
 
@@ -104,7 +106,7 @@ def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     doctor.add_argument(
         "--metrics",
         action="append",
-        help="a process's /metrics URL (repeatable); default: laneway up's 9400-9405",
+        help="[NAME=]URL of a process's /metrics (repeatable); default: laneway up's 9400-9405",
     )
     doctor.add_argument("--http-port-base", type=int, default=9400)
     doctor.add_argument(
@@ -128,11 +130,35 @@ def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     doctor.add_argument("--json", action="store_true", help="the findings and readings as JSON")
 
 
+def span(seconds: float) -> str:
+    """A duration as a person reads it: ``45 s``, ``12 min``, ``1.5 h``, ``2 d``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86_400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86_400:.0f} d"
+
+
+def metrics_targets(values: list[str] | None, base: int) -> tuple[list[str], list[str]]:
+    """``(urls, names)`` from ``--metrics [NAME=]URL`` values; none given:
+    ``laneway up``'s processes from ``base``."""
+    if not values:
+        urls = [f"http://127.0.0.1:{base + i}/metrics" for i in range(len(UP_NAMES))]
+        return urls, list(UP_NAMES)
+    urls, names = [], []
+    for value in values:
+        name, _, url = value.partition("=") if "=" in value.split("://")[0] else ("", "", value)
+        urls.append(url)
+        names.append(name or url.split("//")[-1].split("/")[0])
+    return urls, names
+
+
 def format_report(report: Report, readings: Readings) -> str:
     lines = [
         f"laneway doctor: {len(readings.samples)} results in the last "
-        f"{readings.window_ms / 3_600_000:.1f} h, recent = the last "
-        f"{readings.recent_ms / 60_000:.0f} min"
+        f"{span(readings.window_ms / 1000)}, recent = the last {span(readings.recent_ms / 1000)}"
     ]
     for step in STEPS:
         lines.append("")
@@ -172,12 +198,7 @@ def run_doctor(settings: Settings, args: argparse.Namespace) -> int:
     if args.recent >= args.window:
         print(f"--recent ({args.recent:.0f} s) must be shorter than --window ({args.window:.0f} s)")
         return 2
-    if args.metrics:
-        urls, names = list(args.metrics), None
-    else:
-        base = args.http_port_base
-        urls = [f"http://127.0.0.1:{base + i}/metrics" for i in range(len(UP_NAMES))]
-        names = list(UP_NAMES)
+    urls, names = metrics_targets(args.metrics, args.http_port_base)
     readings = asyncio.run(
         gather(
             settings,

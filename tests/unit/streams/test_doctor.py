@@ -8,7 +8,14 @@ import json
 
 import pytest
 
-from streams.doctor.cli import as_json, format_report, parse_duration, parse_time
+from streams.doctor.cli import (
+    as_json,
+    format_report,
+    metrics_targets,
+    parse_duration,
+    parse_time,
+    span,
+)
 from streams.doctor.diagnose import (
     Thresholds,
     band_of,
@@ -237,3 +244,21 @@ def test_one_slow_path_is_not_hidden_in_its_lanes_median() -> None:
     heavy += [sample(HOUR // 3 + i, path="heavy", total=2400.0) for i in range(6)]
     found = time_findings(readings(fast + heavy), Thresholds())
     assert subjects(found) == {"lane medium/heavy inference"}
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(45, "45 s"), (720, "12 min"), (5400, "90 min"), (9000, "2.5 h"), (172_800, "2 d")],
+)
+def test_spans(seconds: float, text: str) -> None:
+    assert span(seconds) == text
+
+
+def test_metrics_targets_named_or_not() -> None:
+    urls, names = metrics_targets(
+        ["worker-gpu=http://gpu:9406/metrics", "http://10.0.0.7:9400/metrics"], 9400
+    )
+    assert urls == ["http://gpu:9406/metrics", "http://10.0.0.7:9400/metrics"]
+    assert names == ["worker-gpu", "10.0.0.7:9400"]
+    urls, names = metrics_targets(None, 9500)
+    assert urls[0] == "http://127.0.0.1:9500/metrics" and names[0] == "classifier"
