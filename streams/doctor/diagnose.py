@@ -253,12 +253,16 @@ def resource_findings(readings: Readings, limits: Thresholds) -> list[Finding]:
                 "memory past vLLM's share: another process on the GPU, or "
                 "LANEWAY_BACKEND_VLLM_GPU_MEMORY_UTILIZATION above 0.8"
             )
+        users = "".join(
+            f"; pid {pid} {name} {used / GIB:.1f} GiB" for pid, name, used in gpu.processes
+        )
         found.append(
             Finding(
                 "resources",
                 f"gpu {gpu.index}",
                 f"{gpu.name}: {gpu.utilization_pct:.0f}% busy, memory "
-                f"{gpu.memory_used_bytes / GIB:.1f} of {gpu.memory_total_bytes / GIB:.1f} GiB",
+                f"{gpu.memory_used_bytes / GIB:.1f} of {gpu.memory_total_bytes / GIB:.1f} GiB"
+                f"{users}",
                 "; ".join(nexts),
                 level="warn" if busy or full else "info",
             )

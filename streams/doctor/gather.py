@@ -147,6 +147,7 @@ def read_gpus() -> tuple[list[GpuReading] | None, str]:
                     utilization_pct=float(rates.gpu),
                     memory_used_bytes=int(memory.used),
                     memory_total_bytes=int(memory.total),
+                    processes=_gpu_processes(pynvml, handle),
                 )
             )
         return (found or None), "" if found else "NVML lists no device"
@@ -155,6 +156,23 @@ def read_gpus() -> tuple[list[GpuReading] | None, str]:
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
+
+
+def _gpu_processes(pynvml: Any, handle: Any) -> tuple[tuple[int, str, int], ...]:
+    """The compute processes on a GPU: pid, name (from /proc, where this
+    process sees it: the same host or pod) and GPU memory."""
+    try:
+        running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:  # NVML_ERROR_NOT_SUPPORTED on some boards and drivers
+        return ()
+    out = []
+    for proc in running:
+        try:
+            name = FsPath(f"/proc/{proc.pid}/comm").read_text().strip()
+        except OSError:
+            name = "?"
+        out.append((int(proc.pid), name, int(proc.usedGpuMemory or 0)))
+    return tuple(out)
 
 
 def read_disks(settings: Settings) -> list[DiskReading]:

@@ -65,6 +65,8 @@ class GpuReading:
     utilization_pct: float
     memory_used_bytes: int
     memory_total_bytes: int
+    processes: tuple[tuple[int, str, int], ...] = ()
+    """``(pid, name, GPU memory in bytes)`` of each compute process on it."""
 
     @property
     def memory_share(self) -> float:

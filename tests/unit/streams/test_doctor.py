@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
+from schemas.settings import BackendSettings, Settings
 from streams.doctor.cli import (
     as_json,
     format_report,
@@ -25,6 +27,7 @@ from streams.doctor.diagnose import (
     slower_findings,
     time_findings,
 )
+from streams.doctor.gather import read_disks, read_gpus, read_processes
 from streams.doctor.readings import (
     DiskReading,
     DriftAlarm,
@@ -34,6 +37,8 @@ from streams.doctor.readings import (
     Sample,
     VersionChange,
 )
+from streams.ops import OpsServer, ProcessState
+from streams.tools.embedded import free_port
 
 NOW = 1_800_000_000_000
 HOUR = 3_600_000
@@ -156,13 +161,19 @@ def test_resources_name_a_silent_process_a_busy_one_and_a_full_gpu() -> None:
         ProcessReading("router", "http://x:9404/metrics", False),
         ProcessReading("worker-medium", "http://x:9402/metrics", True, False, "model missing"),
     ]
-    gpus = [GpuReading(0, "H100", 99.0, int(78 * GIB), int(80 * GIB))]
+    gpus = [
+        GpuReading(0, "H100", 99.0, int(78 * GIB), int(80 * GIB), ((4242, "laneway", 64 * GIB),)),
+        GpuReading(1, "H100", 20.0, int(40 * GIB), int(80 * GIB)),
+    ]
     disks = [DiskReading("LANEWAY_BACKEND_MODEL_DIR", "/models", 1 * GIB, 100 * GIB)]
     found = resource_findings(
         readings([], processes=processes, gpus=gpus, disks=disks), Thresholds()
     )
     assert subjects(found) == {"worker-bulk", "router", "worker-medium", "gpu 0", "disk /models"}
     assert any("model missing" in f.message for f in found)
+    first = next(f for f in found if f.subject == "gpu 0")
+    assert "99% busy" in first.message and "pid 4242 laneway 64.0 GiB" in first.message
+    assert "memory past vLLM's share" in first.next
 
 
 def test_no_gpu_is_skipped_cleanly() -> None:
@@ -262,3 +273,43 @@ def test_metrics_targets_named_or_not() -> None:
     assert names == ["worker-gpu", "10.0.0.7:9400"]
     urls, names = metrics_targets(None, 9500)
     assert urls[0] == "http://127.0.0.1:9500/metrics" and names[0] == "classifier"
+
+
+def test_gpus_are_read_or_skipped_cleanly() -> None:
+    """NVML on this machine: a GPU's readings, or none and why (no driver,
+    no library, no device), never an error."""
+    gpus, why = read_gpus()
+    if gpus is None:
+        assert why
+    else:
+        assert all(0 <= g.utilization_pct <= 100 and g.memory_total_bytes > 0 for g in gpus)
+
+
+def test_disks_where_the_models_live(tmp_path: Path) -> None:
+    settings = Settings(
+        backend=BackendSettings(model_dir=tmp_path / "not-yet", vllm_model_dir=tmp_path)
+    )
+    disks = read_disks(settings)
+    assert [d.what for d in disks] == [
+        "LANEWAY_BACKEND_MODEL_DIR",
+        "LANEWAY_BACKEND_VLLM_MODEL_DIR",
+    ]
+    assert all(0 < d.free_bytes <= d.total_bytes for d in disks)
+
+
+async def test_processes_are_read_from_their_endpoints() -> None:
+    """A real ops server (what every laneway process serves), one that is not
+    ready, and an address nobody answers on."""
+    state = ProcessState()
+    state.detail = "bulk worker not ready: heavy: model missing"
+    server = OpsServer("127.0.0.1", 0, state).start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        silent = f"http://127.0.0.1:{free_port()}/metrics"
+        live, dead = await read_processes([url, silent], ["worker-bulk"], interval_s=0.2)
+    finally:
+        server.close()
+    assert live.name == "worker-bulk" and live.answered and live.ready is False
+    assert "model missing" in live.ready_detail
+    assert live.rss_bytes and live.rss_bytes > 0 and live.cpu_cores is not None
+    assert not dead.answered and dead.name == silent.split("//")[1].split("/")[0]
