@@ -6,8 +6,9 @@ blocks of ``block_size`` tokens; its log line "Maximum concurrency for N
 tokens per request: X.XXx" is those tokens over ``max_model_len``. The
 article keeps the requests running at once under 70% of that, so a burst of
 long prompts finds room instead of preempting (and recomputing) running
-sequences. ``concurrency_limit`` turns the engine's report into that number;
-the backend holds its ``generate`` calls to it.
+sequences. ``concurrency_limit`` turns the engine's report into that number,
+and a ``SequenceGate`` holds the backend's ``generate`` calls to it: a
+request waits for a slot, never past its deadline.
 
 Pure functions of what the engine reports, tested without vLLM or a GPU
 (``tests/unit/workers/test_vllm_headroom.py``).
@@ -15,12 +16,16 @@ Pure functions of what the engine reports, tested without vLLM or a GPU
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from schemas.settings import BackendSettings
 
-__all__ = ["concurrency_limit", "kv_cache_tokens", "max_concurrent_sequences"]
+__all__ = ["SequenceGate", "concurrency_limit", "kv_cache_tokens", "max_concurrent_sequences"]
 
 
 def kv_cache_tokens(engine: Any) -> int | None:
@@ -61,3 +66,42 @@ def concurrency_limit(engine: Any, settings: BackendSettings, max_model_len: int
     if settings.vllm_max_num_seqs is not None:
         limit = min(limit, settings.vllm_max_num_seqs)
     return limit
+
+
+class SequenceGate:
+    """At most ``limit`` requests in the engine at once (``None``: no limit);
+    the others wait here, in arrival order, each until its deadline at most.
+
+        async with gate.slot(item.deadline) as admitted:
+            if not admitted:
+                return DeadlineExceeded("no sequence slot before the deadline")
+            ...  # engine.generate(...) and its stream
+    """
+
+    def __init__(self, limit: int | None, clock: Callable[[], float] = time.monotonic) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self.limit = limit
+        self._free = None if limit is None else asyncio.Semaphore(limit)
+        self._clock = clock
+        self.running = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self, deadline: float | None) -> AsyncIterator[bool]:
+        """Yields ``True`` holding a slot until the block ends, or ``False``
+        once ``deadline`` (on the ``clock``) passed without one."""
+        free = self._free
+        if free is not None:
+            left = None if deadline is None else deadline - self._clock()
+            try:
+                await asyncio.wait_for(free.acquire(), left)
+            except TimeoutError:
+                yield False
+                return
+        self.running += 1
+        try:
+            yield True
+        finally:
+            self.running -= 1
+            if free is not None:
+                free.release()

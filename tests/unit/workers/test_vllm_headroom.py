@@ -4,12 +4,15 @@ the engine is described by the attributes vLLM's own engine has
 
 from __future__ import annotations
 
+import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from schemas.settings import BackendSettings
 from workers.backends.vllm_headroom import (
+    SequenceGate,
     concurrency_limit,
     kv_cache_tokens,
     max_concurrent_sequences,
@@ -68,3 +71,61 @@ def test_a_configured_max_num_seqs_caps_the_limit() -> None:
 def test_without_a_report_only_a_configured_max_num_seqs_limits() -> None:
     assert concurrency_limit(SimpleNamespace(), BackendSettings(), 4096) is None
     assert concurrency_limit(SimpleNamespace(), BackendSettings(vllm_max_num_seqs=6), 4096) == 6
+
+
+async def test_the_gate_holds_requests_to_its_limit() -> None:
+    gate = SequenceGate(2)
+    inside, most = 0, 0
+    release = asyncio.Event()
+
+    async def one() -> bool:
+        nonlocal inside, most
+        async with gate.slot(None) as admitted:
+            inside += 1
+            most = max(most, inside)
+            await release.wait()
+            inside -= 1
+            return admitted
+
+    tasks = [asyncio.create_task(one()) for _ in range(5)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert (inside, gate.running) == (2, 2)  # three wait for a slot
+    release.set()
+    assert await asyncio.wait_for(asyncio.gather(*tasks), 5) == [True] * 5
+    assert most == 2 and gate.running == 0
+
+
+async def test_a_request_waits_no_longer_than_its_deadline() -> None:
+    gate = SequenceGate(1)
+    held = asyncio.Event()
+    done = asyncio.Event()
+
+    async def holder() -> None:
+        async with gate.slot(None):
+            held.set()
+            await done.wait()
+
+    task = asyncio.create_task(holder())
+    await asyncio.wait_for(held.wait(), 5)
+    started = time.monotonic()
+    async with gate.slot(time.monotonic() + 0.05) as admitted:
+        assert admitted is False
+    assert time.monotonic() - started < 2
+    async with gate.slot(time.monotonic() - 1) as admitted:  # already past
+        assert admitted is False
+    done.set()
+    await asyncio.wait_for(task, 5)
+    async with gate.slot(time.monotonic() + 1) as admitted:  # a slot is free again
+        assert admitted is True
+
+
+async def test_without_a_limit_every_request_runs() -> None:
+    gate = SequenceGate(None)
+    async with gate.slot(time.monotonic() - 1) as admitted:
+        assert admitted is True and gate.running == 1
+
+
+def test_a_gate_needs_a_limit_of_one_or_more() -> None:
+    with pytest.raises(ValueError):
+        SequenceGate(0)
