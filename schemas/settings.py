@@ -592,7 +592,8 @@ class BackendSettings(BaseSettings):
     """At most this share of the sequences vLLM's KV cache holds at full
     length (its reported KV cache tokens / ``vllm_max_model_len``) run at
     once, as the source article asks (under 70%): the rest is room for
-    prompts longer than the average and for preemption-free bursts
+    sequences longer than the average, so a burst of long prompts does not
+    make vLLM preempt (and recompute) running ones
     (``workers.backends.vllm_headroom``)."""
     vllm_enforce_eager: bool = False
     """Run the vLLM model eagerly: no torch.compile and no CUDA graphs, so it
