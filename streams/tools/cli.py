@@ -206,6 +206,9 @@ def _parser() -> argparse.ArgumentParser:
     from streams.tools.models_cli import add_models_parser
 
     add_models_parser(sub)
+    from streams.doctor.cli import add_doctor_parser
+
+    add_doctor_parser(sub)
     check = sub.add_parser("check", help="load every configured model and run one inference each")
     check.add_argument(
         "--path", action="append", help="a model path to check (repeatable); default: every path"
@@ -504,6 +507,12 @@ def _check(settings: Settings, args: argparse.Namespace) -> int:
     return run_check(settings, args.path, as_json=args.json)
 
 
+def _doctor(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.doctor.cli import run_doctor
+
+    return run_doctor(settings, args)
+
+
 def _demo(settings: Settings, args: argparse.Namespace) -> int:
     from streams.tools.demo import run_demo
 
@@ -526,6 +535,7 @@ _COMMANDS = {
     "check": _check,
     "models": _models,
     "distill": _distill,
+    "doctor": _doctor,
 }
 
 if __name__ == "__main__":
