@@ -449,6 +449,7 @@ class Executor:
             stop=request.stop,
             seed=request.seed,
             unwanted=unwanted,
+            top_p=request.top_p,
         )
 
     def _result(

@@ -50,6 +50,8 @@ class GenerationInput:
     """Set when the answer is no longer wanted (another worker's reached the
     cache first): the backend stops generating it and answers ``STOPPED``
     (``until_unwanted``). A backend that cannot stop finishes it."""
+    top_p: float | None = None
+    """Nucleus sampling at ``temperature > 0`` (``None`` = 1: every token)."""
 
     def remaining_s(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()

@@ -126,6 +126,7 @@ class LlamaCppBackend:
                 seed=item.seed or 0,
                 stops=prompt.stops,
                 deadline=item.deadline,
+                top_p=1.0 if item.top_p is None else item.top_p,
             )
             requests.append((i, prompt, request))
         futures = decoder.submit([request for _, _, request in requests])
