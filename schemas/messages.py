@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError, core_schema
 from schemas.errors import ErrorCode, InvalidRequest, LanewayError
 
 __all__ = [
+    "AUTO_MODEL",
     "UNSUPPORTED_FIELDS",
     "ChatMessage",
     "ErrorInfo",
@@ -178,6 +179,9 @@ def _one_or_list(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
 
+AUTO_MODEL = "auto"
+"""The ``model`` that leaves the choice to laneway's router (as no ``model`` does)."""
+
 UNSUPPORTED_FIELDS: dict[str, str] = {
     "response_format": "structured output",
     "tools": "tool calls",
@@ -231,6 +235,13 @@ class InferenceRequest(WireModel):
     is a list of it (as OpenAI's ``stop``)."""
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     """Seeds the sampling at ``temperature > 0`` (unset = 0)."""
+    model: str | None = Field(default=None, min_length=1, max_length=128)
+    """The model to answer (OpenAI's ``model``): a model path of the model
+    registry (``light``), a model's name (``smollm2-135m``, or
+    ``llamacpp:smollm2-135m`` as results name it), or ``auto`` (as unset:
+    the router chooses). The classifier checks it against its registry
+    (INF-400 naming the models there are) and sends a named model's
+    requests down its path: neither the router nor a rule answers them."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     """Nucleus sampling at ``temperature > 0``: only the most likely tokens
     whose probabilities add up to ``top_p`` are drawn (unset = 1: all)."""
@@ -301,6 +312,11 @@ class InferenceRequest(WireModel):
 
     def partition_key(self) -> bytes:
         return (self.session_id or self.id).encode()
+
+    def named_model(self) -> str | None:
+        """The model the client named, ``None`` when it left the choice to
+        the router (no ``model``, or ``auto``)."""
+        return None if self.model is None or self.model == AUTO_MODEL else self.model
 
 
 class RequestLimits(WireModel):

@@ -393,6 +393,8 @@ def _settle_the_heap() -> None:
 def _choice(decision: Decision) -> str:
     if decision.forced:
         return "forced"
+    if decision.named is not None:
+        return "named"
     if decision.requested_path is not None:
         return "degraded"
     return "explored" if decision.explored else "scored"

@@ -16,8 +16,10 @@ Per batch:
    every rule lookup and the cache's version counter. Only requests whose
    session has history need a second trip (their exact key hashes that
    history). Cheap checks first: exact cache, then rules, then the semantic
-   cache, then the router. A request a rule owns is never embedded; the
-   rest are embedded in one call, and only those the index could answer.
+   cache, then the router. A request that named its ``model`` is never
+   answered by a rule (its rule is not looked up). A request a rule owns is
+   never embedded; the rest are embedded in one call, and only those the
+   index could answer.
    When the version moved since the index last synced, it syncs first, so
    a paraphrase asked right after its original's answer was stored hits.
 4. ``route`` every request (pure).
@@ -260,6 +262,8 @@ class BatchLookups:
             )
             known = seen[plan.text] = (intent, match, text_traits(plan.text))
         plan.intent, plan.match, plan.traits = known
+        if request.named_model() is not None:
+            plan.match = None  # that model answers it, not a rule (``policy.decide``)
         if self.settings.cache_in_use:
             plan.bare = self.cache.probe(request)
         return plan
@@ -374,7 +378,14 @@ class BatchLookups:
         failure the router uses its features-only head."""
         if self.router_embedder is None:
             return
-        wanted = [p for p in plans if p.verdict.allowed and p.hit is None and p.rule is None]
+        wanted = [
+            p
+            for p in plans
+            if p.verdict.allowed
+            and p.hit is None
+            and p.rule is None
+            and p.admitted.request.named_model() is None  # its path is named, not routed
+        ]
         if not wanted:
             return
         texts = list(dict.fromkeys(p.text for p in wanted))
@@ -593,7 +604,13 @@ class BatchClassifier:
         self, record: SourceRecord, now_ms: int, limits: RequestLimits
     ) -> Admitted | Classified:
         try:
-            return admit(record, now_ms=now_ms, settings=self.settings, limits=limits)
+            return admit(
+                record,
+                now_ms=now_ms,
+                settings=self.settings,
+                limits=limits,
+                registry=self.router.registry,
+            )
         except Exception as exc:
             return self._failed(record, exc)
 

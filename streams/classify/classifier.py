@@ -8,9 +8,11 @@ limits, session histories, cache, rule lookups) in one round trip, and
 produce. Outcomes:
 
 - invalid record       -> DLQ, plus an INF-400 result when id and reply topic can be read
+                          (a ``model`` the registry does not name is invalid too)
 - deadline passed      -> INF-503 result
 - a cached answer      -> that answer, path ``cache``
-- a rule owns it       -> the rule's answer, path ``rules``
+- a rule owns it       -> the rule's answer, path ``rules`` (not for a request
+                          that named its ``model``: that model answers it)
 - otherwise            -> a ``RoutedRequest`` on the chosen lane topic, down
                           the path the smart router picked, as the flow
                           controller's load level allows (or INF-429 shed),
@@ -49,7 +51,7 @@ from schemas.messages import (
 from schemas.settings import Settings
 from streams.classify.flow import LaneFull, Shed, apply_level, spills
 from streams.classify.policy import Decision, Found, decide
-from streams.classify.registry import builtin_registry
+from streams.classify.registry import ModelRegistry, builtin_registry, lanes_serving
 from streams.classify.router import PathStats, SmartRouter
 from streams.kafka.envelopes import Outbound, dlq_for, terminal_records
 from streams.rollout.assign import RolloutView
@@ -116,10 +118,12 @@ def admit(
     now_ms: int,
     settings: Settings,
     limits: RequestLimits | None = None,
+    registry: ModelRegistry | None = None,
 ) -> Admitted | Classified:
     """The accepted request, or the refusal (INF-400 + DLQ, INF-503) to
     produce. ``limits``: ``settings.request_limits()``, if the caller holds
-    them (a batch builds them once)."""
+    them (a batch builds them once); ``registry``: the models a request's
+    ``model`` may name (``None``: not checked)."""
     raw = record.value or b""
     limits = limits or settings.request_limits()
     try:
@@ -128,6 +132,11 @@ def admit(
                 f"record is {len(raw)} bytes, limit {settings.limits.max_record_bytes}"
             )
         request = parse_request(raw, limits)
+        named = request.named_model()
+        if registry is not None and named is not None and registry.named(named) is None:
+            raise InvalidRequest(
+                f"model {named!r} is not served here: name one of {', '.join(registry.model_names)}"
+            )
     except InvalidRequest as error:
         return _reject(record, raw, error, now_ms=now_ms, settings=settings, limits=limits)
 
@@ -168,13 +177,25 @@ def route(
     no version is named)."""
     request, reply_to = admitted.request, admitted.reply_to
     age_ms = admitted.age_ms(now_ms)
+    named_model = request.named_model()
+    named = router.registry.named(named_model) if named_model is not None else None
+    configured = lanes_serving(settings, router.registry, named.path) if named else ()
     routers = rollout.routers if rollout is not None else None
     router_version = None
     chooser = router
-    if routers is not None and settings.routing.force_path is None:
+    if routers is not None and settings.routing.force_path is None and named is None:
         router_version = routers.version_for(request)
         chooser = router.with_learned(routers.learned(router_version))
-    decision = decide(request, found, settings.routing, chooser, stats or {}, serving)
+    decision = decide(
+        request,
+        found,
+        settings.routing,
+        chooser,
+        stats or {},
+        serving,
+        named=named,
+        configured=configured,
+    )
     answer = _answer(decision, admitted, age_ms)
     if answer is not None:
         hit_key = decision.hit.key if decision.hit is not None else None
@@ -186,7 +207,17 @@ def route(
         lane_full = full(decision.path)
     spill = spills(decision, lane_full)
     if spill is not None:  # the lane's own paths compete, as on any request sent there
-        chosen = decide(request, found, settings.routing, chooser, stats or {}, serving, lane=spill)
+        chosen = decide(
+            request,
+            found,
+            settings.routing,
+            chooser,
+            stats or {},
+            serving,
+            lane=spill,
+            named=named,
+            configured=configured,
+        )
         decision = replace(chosen, spilled_from=decision.lane)
     cheapest = router.registry.cheapest(decision.lane)
     adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms, lane_full, cheapest)
@@ -202,6 +233,11 @@ def route(
         records = _terminal(result, admitted, now_ms, settings)
         return Classified("shed", records, result, request, reply_to, decision)
     produced_ms = admitted.record.timestamp_ms
+    version = None
+    if named is not None and named.version is not None and adjusted.path == named.path:
+        version = named.version  # the version the client named by its model's name
+    elif rollout is not None:
+        version = rollout.version_for(request, adjusted.path, adjusted.lane)
     routed = RoutedRequest(
         request=request,
         lane=adjusted.lane,
@@ -215,7 +251,7 @@ def route(
         ),
         history=list(history),
         explored=adjusted.explored,
-        version=(rollout.version_for(request, adjusted.path, adjusted.lane) if rollout else None),
+        version=version,
         router_version=router_version,
     )
     out = [
@@ -296,10 +332,10 @@ def classify_record(
 ) -> Classified:
     """``admit`` then ``route`` with no I/O: rules that need no lookup, no
     cache, no session, the registry's prior statistics."""
-    admitted = admit(record, now_ms=now_ms, settings=settings)
+    router = router or SmartRouter(builtin_registry(settings.backend), settings.routing)
+    admitted = admit(record, now_ms=now_ms, settings=settings, registry=router.registry)
     if isinstance(admitted, Classified):
         return admitted
-    router = router or SmartRouter(builtin_registry(settings.backend), settings.routing)
     text = admitted.request.user_text()
     intent, _ = rules.classify(text)
     rule = rules.answer(text) if settings.routing.rules_enabled else None

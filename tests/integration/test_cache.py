@@ -287,3 +287,13 @@ async def test_dead_redis_fails_open_fast(minilm: MiniLMEmbedder) -> None:
     assert count(REDIS_ERRORS, "cache") == errors + 1
     assert count(LOOKUPS, "error") == lookup_errors + 2
     assert count(STORES, "error") == store_errors + 1
+
+
+async def test_a_named_models_answer_is_its_own(make_cache: Any) -> None:
+    cache = make_cache(None)
+    heavy = req("Why is the sea salty?", model="heavy")
+    assert await cache.store(heavy, answer(heavy, "Rivers carry salt.", path=Path.HEAVY))
+    assert await cache.lookup(req("Why is the sea salty?", model="heavy")) is not None
+    assert await cache.lookup(req("Why is the sea salty?")) is None
+    assert await cache.lookup(req("Why is the sea salty?", model="auto")) is None
+    assert await cache.lookup(req("Why is the sea salty?", model="light")) is None

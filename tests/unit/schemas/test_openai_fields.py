@@ -34,6 +34,7 @@ def test_an_openai_shaped_request_parses() -> None:
         json.dumps(
             {
                 "id": "chatcmpl-1",
+                "model": "heavy",
                 "messages": [
                     {"role": "system", "content": "Be brief."},
                     {"role": "user", "content": "Why is the sky blue?"},
@@ -49,6 +50,7 @@ def test_an_openai_shaped_request_parses() -> None:
         ).encode(),
         LIMITS,
     )
+    assert request.model == "heavy" and request.named_model() == "heavy"
     assert request.top_p == 0.9 and request.user == "user-1234" and request.n == 1
     assert request.max_tokens == 64 and request.max_completion_tokens == 64
     assert request.stop == ["\n\n"]
@@ -57,8 +59,10 @@ def test_an_openai_shaped_request_parses() -> None:
 
 def test_a_request_without_them_is_what_it_was() -> None:
     request = parse_request(raw(), LIMITS)
+    assert request.model is None and request.named_model() is None
     assert request.top_p is None and request.user is None and request.n is None
     assert request.max_tokens == 128 and request.max_completion_tokens is None
+    assert parse_request(raw(model="auto"), LIMITS).named_model() is None  # the router's choice
 
 
 def test_stop_is_one_string_or_a_list() -> None:
@@ -91,8 +95,8 @@ def test_top_p_is_above_0_and_at_most_1(top_p: object) -> None:
     assert "top_p:" in refused(top_p=top_p)
 
 
-@pytest.mark.parametrize(("fields", "where"), [({"user": ""}, "user")])
-def test_user_is_not_empty(fields: dict[str, object], where: str) -> None:
+@pytest.mark.parametrize(("fields", "where"), [({"model": ""}, "model"), ({"user": ""}, "user")])
+def test_model_and_user_are_not_empty(fields: dict[str, object], where: str) -> None:
     assert f"{where}:" in refused(**fields)
 
 
