@@ -27,6 +27,10 @@ produce. Outcomes:
 An accepted request whose tenant is over its rate limit is turned into an
 INF-429 result by ``refuse_over_limit``. ``classify_record`` chains the
 steps with no I/O (built-in rules, no cache), for tests and tools.
+
+The answers given here count their tokens (``usage``) with the classifier's
+``TokenCounter`` (``streams.classify.tokens``) when it has one: a cache
+answer's completion tokens are those its model counted when it was stored.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from schemas.messages import (
     RequestLimits,
     RoutedRequest,
     Timings,
+    Usage,
     parse_request,
     peek_reply_address,
 )
@@ -53,6 +58,7 @@ from streams.classify.flow import LaneFull, Shed, apply_level, spills
 from streams.classify.policy import Decision, Found, decide
 from streams.classify.registry import ModelRegistry, builtin_registry, lanes_serving
 from streams.classify.router import PathStats, SmartRouter
+from streams.classify.tokens import TokenCounter
 from streams.kafka.envelopes import Outbound, dlq_for, terminal_records
 from streams.rollout.assign import RolloutView
 from streams.rollout.routers import RouterView
@@ -168,13 +174,15 @@ def route(
     serving: Serving | None = None,
     full: Callable[[Path], LaneFull | None] | None = None,
     rollout: RolloutView | None = None,
+    tokens: TokenCounter | None = None,
 ) -> Classified:
     """``level``: the flow controller's load level (``streams.classify.flow``);
     ``serving``: per lane, the paths live workers serve (``None``: not known);
     ``full``: asked with the path of a model request put on the realtime
     lane, that lane when it is too full for it (``flow.LaneFull``; the
     realtime gate's ``full``); ``rollout``: the model versions (``None``:
-    no version is named)."""
+    no version is named); ``tokens``: counts the tokens of an answer given
+    here (``None``: its usage says 0, but a cache entry's own count)."""
     request, reply_to = admitted.request, admitted.reply_to
     age_ms = admitted.age_ms(now_ms)
     named_model = request.named_model()
@@ -196,7 +204,7 @@ def route(
         named=named,
         configured=configured,
     )
-    answer = _answer(decision, admitted, age_ms)
+    answer = _answer(decision, admitted, age_ms, tokens)
     if answer is not None:
         hit_key = decision.hit.key if decision.hit is not None else None
         records = _terminal(answer, admitted, now_ms, settings, cache_key=hit_key)
@@ -329,6 +337,7 @@ def classify_record(
     rules: RuleBook,
     level: int = 0,
     router: SmartRouter | None = None,
+    tokens: TokenCounter | None = None,
 ) -> Classified:
     """``admit`` then ``route`` with no I/O: rules that need no lookup, no
     cache, no session, the registry's prior statistics."""
@@ -340,7 +349,9 @@ def classify_record(
     intent, _ = rules.classify(text)
     rule = rules.answer(text) if settings.routing.rules_enabled else None
     found = Found(rule=rule, intent=intent)
-    return route(admitted, found, now_ms=now_ms, settings=settings, router=router, level=level)
+    return route(
+        admitted, found, now_ms=now_ms, settings=settings, router=router, level=level, tokens=tokens
+    )
 
 
 def refuse_over_limit(
@@ -360,16 +371,26 @@ def refuse_over_limit(
     return Classified("limited", records, result, request, admitted.reply_to)
 
 
-def _answer(decision: Decision, admitted: Admitted, age_ms: int) -> InferenceResult | None:
-    """The classifier's own answer (cache or rules), if it has one."""
+def _answer(
+    decision: Decision, admitted: Admitted, age_ms: int, tokens: TokenCounter | None = None
+) -> InferenceResult | None:
+    """The classifier's own answer (cache or rules), if it has one, with
+    its tokens counted (``tokens``; a cache entry's completion tokens are
+    its model's own count, when the entry has it)."""
     request = admitted.request
+    completion: int | None = None
     if decision.hit is not None:
         hit = decision.hit
-        output, model = hit.output, hit.label
+        output, model, completion = hit.output, hit.label, hit.completion_tokens
     elif decision.rule is not None:
         output, model = decision.rule.text, f"rules:{decision.rule.rule}"
     else:
         return None
+    usage = Usage(completion_tokens=completion or 0)
+    if tokens is not None and tokens.ready:
+        if completion is None:
+            completion = tokens.answer(output)
+        usage = Usage(prompt_tokens=tokens.prompt(request), completion_tokens=completion)
     return InferenceResult(
         id=request.id,
         status="ok",
@@ -377,6 +398,7 @@ def _answer(decision: Decision, admitted: Admitted, age_ms: int) -> InferenceRes
         lane=decision.lane,
         path=decision.path,
         model=model,
+        usage=usage,
         timings=_timings(age_ms),
         batch_id=request.batch_id,
     )

@@ -142,12 +142,13 @@ def test_the_cache_keeps_a_named_models_answers_apart() -> None:
 
 def test_a_cache_entry_of_the_named_model_still_answers() -> None:
     router = SmartRouter(REGISTRY, SETTINGS.routing)
-    hit = CacheHit("Paris.", "exact", 1.0, "llamacpp:gemma3-270m", Path.HEAVY, "k")
+    hit = CacheHit("Paris.", "exact", 1.0, "llamacpp:gemma3-270m", Path.HEAVY, "k", 3)
     out = route(
         admitted(model="heavy"), Found(hit=hit), now_ms=NOW, settings=SETTINGS, router=router
     )
     assert out.outcome == "answered" and out.result is not None
     assert out.result.model == "cache:exact:llamacpp:gemma3-270m"
+    assert out.result.usage.completion_tokens == 3  # the entry's own count
 
 
 def test_the_worker_board_decides_the_lane_when_it_says() -> None:
