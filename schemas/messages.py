@@ -15,19 +15,23 @@ from typing import Annotated, Any, ClassVar, Literal, TypeGuard
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import core_schema
+from pydantic_core import PydanticCustomError, core_schema
 
 from schemas.errors import ErrorCode, InvalidRequest, LanewayError
 
 __all__ = [
+    "AUTO_MODEL",
+    "UNSUPPORTED_FIELDS",
     "CancelRequest",
     "ChatMessage",
     "ErrorInfo",
@@ -176,6 +180,53 @@ class StreamOptions(WireModel):
     ``usage``; the HTTP gateway sends its usage chunk only when asked."""
 
 
+StopText = Annotated[str, Field(min_length=1, max_length=64)]
+StopList = Annotated[list[StopText], Field(max_length=4)]
+
+
+def _one_or_list(value: object) -> object:
+    """OpenAI's ``stop`` may be one string: a list of it."""
+    return [value] if isinstance(value, str) else value
+
+
+AUTO_MODEL = "auto"
+"""The ``model`` that leaves the choice to laneway's router (as no ``model`` does)."""
+
+UNSUPPORTED_FIELDS: dict[str, str] = {
+    "response_format": "structured output",
+    "tools": "tool calls",
+    "tool_choice": "tool calls",
+    "parallel_tool_calls": "tool calls",
+    "functions": "function calls",
+    "function_call": "function calls",
+    "logprobs": "log probabilities",
+    "top_logprobs": "log probabilities",
+    "logit_bias": "logit bias",
+    "presence_penalty": "presence and frequency penalties",
+    "frequency_penalty": "presence and frequency penalties",
+    "modalities": "audio output",
+    "audio": "audio output",
+    "prediction": "predicted outputs",
+    "reasoning_effort": "reasoning models",
+    "service_tier": "service tiers",
+    "store": "stored completions",
+    "web_search_options": "web search",
+    "prompt_cache_key": "prompt caching keys",
+    "safety_identifier": "safety identifiers",
+    "verbosity": "verbosity",
+}
+"""Fields of OpenAI's chat completion request that laneway does not
+implement, and what they are for: a request that carries one is refused
+(INF-400) with a message naming it, rather than served as if it were not
+there."""
+
+
+def _refused(message: str, **values: object) -> PydanticCustomError:
+    """A validation error whose message names its field itself (``describe_errors``
+    prints it as it is)."""
+    return PydanticCustomError("laneway_refused", message, dict(values))
+
+
 class InferenceRequest(WireModel):
     schema_version: Literal[1] = 1
     id: str = Field(min_length=1)
@@ -186,12 +237,31 @@ class InferenceRequest(WireModel):
     max_tokens: int = 128
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     deadline_ms: int | None = Field(default=None, ge=1)
-    stop: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
-        default=None, max_length=4
-    )
-    """Up to 4 strings that end the answer (not included in it)."""
+    stop: Annotated[
+        StopList | None,
+        BeforeValidator(_one_or_list, json_schema_input_type=StopText | StopList | None),
+    ] = None
+    """Up to 4 strings that end the answer (not included in it); one string
+    is a list of it (as OpenAI's ``stop``)."""
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     """Seeds the sampling at ``temperature > 0`` (unset = 0)."""
+    model: str | None = Field(default=None, min_length=1, max_length=128)
+    """The model to answer (OpenAI's ``model``): a model path of the model
+    registry (``light``), a model's name (``smollm2-135m``, or
+    ``llamacpp:smollm2-135m`` as results name it), or ``auto`` (as unset:
+    the router chooses). The classifier checks it against its registry
+    (INF-400 naming the models there are) and sends a named model's
+    requests down its path: neither the router nor a rule answers them."""
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Nucleus sampling at ``temperature > 0``: only the most likely tokens
+    whose probabilities add up to ``top_p`` are drawn (unset = 1: all)."""
+    max_completion_tokens: int | None = None
+    """OpenAI's newer name for ``max_tokens``: sets it (both given must agree)."""
+    user: str | None = Field(default=None, min_length=1, max_length=256)
+    """The end user the request is for (OpenAI's ``user``), as the client
+    names them: carried with the request, not used by laneway."""
+    n: Literal[1] | None = None
+    """Answers to generate: 1 (laneway answers one; anything else is refused)."""
     lane: Lane | None = None
     reply_to: str | None = None
     batch_id: str | None = None
@@ -201,6 +271,13 @@ class InferenceRequest(WireModel):
     is generated, before the terminal ``result`` (CONTRACT.md, Streaming)."""
     stream_options: StreamOptions | None = None
 
+    @field_validator("n", mode="before")
+    @classmethod
+    def _one_answer(cls, value: object) -> object:
+        if value is not None and (type(value) is not int or value != 1):
+            raise _refused("n={n}: laneway answers n=1 only", n=json.dumps(value))
+        return value
+
     @model_validator(mode="after")
     def _one_of_prompt_or_messages(self) -> InferenceRequest:
         if (self.prompt is None) == (self.messages is None):
@@ -209,7 +286,26 @@ class InferenceRequest(WireModel):
             raise ValueError("'messages' must not be empty")
         if self.stream_options is not None and not self.stream:
             raise ValueError("'stream_options' is only allowed with 'stream': true")
+        newer = self.max_completion_tokens
+        if newer is not None and newer != self.max_tokens:
+            self._take_max_completion_tokens(newer)
         return self
+
+    def _take_max_completion_tokens(self, newer: int) -> None:
+        """``max_completion_tokens`` sets ``max_tokens`` (OpenAI's two names
+        of one setting); given both, they must agree. Done after validation,
+        in place (the model is frozen once this returns): a ``before``
+        validator would make pydantic build the whole record as Python
+        objects before validating it, on every request."""
+        if "max_tokens" in self.model_fields_set:
+            raise _refused(
+                "max_tokens={older} and max_completion_tokens={newer} disagree: give one "
+                "(max_completion_tokens is OpenAI's newer name for max_tokens)",
+                older=self.max_tokens,
+                newer=newer,
+            )
+        object.__setattr__(self, "max_tokens", newer)
+        self.model_fields_set.add("max_tokens")
 
     def text_bytes(self) -> int:
         """UTF-8 size of the text a model would read."""
@@ -232,6 +328,11 @@ class InferenceRequest(WireModel):
 
     def partition_key(self) -> bytes:
         return (self.session_id or self.id).encode()
+
+    def named_model(self) -> str | None:
+        """The model the client named, ``None`` when it left the choice to
+        the router (no ``model``, or ``auto``)."""
+        return None if self.model is None or self.model == AUTO_MODEL else self.model
 
 
 class RequestLimits(WireModel):
@@ -301,12 +402,25 @@ def _is_reply_topic(topic: str, prefix: str) -> bool:
 
 def describe_errors(exc: ValidationError, limit: int = 5) -> str:
     """``field: what is wrong`` for the first ``limit`` problems, without
-    the values (a prompt never lands in an error message or a header)."""
-    problems = [
-        f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in exc.errors()
-    ]
+    the values (a prompt never lands in an error message or a header). A
+    field of OpenAI's that laneway does not implement is named as such
+    (``UNSUPPORTED_FIELDS``); a message that names its field itself is
+    given as it is."""
+    problems = [_problem(e) for e in exc.errors()]
     more = f"; and {len(problems) - limit} more" if len(problems) > limit else ""
     return "; ".join(problems[:limit]) + more
+
+
+def _problem(error: Any) -> str:
+    where = ".".join(str(p) for p in error["loc"]) or "record"
+    if error["type"] == "laneway_refused":
+        return str(error["msg"])
+    if error["type"] == "extra_forbidden":
+        if len(error["loc"]) == 1 and error["loc"][0] in UNSUPPORTED_FIELDS:
+            what = UNSUPPORTED_FIELDS[error["loc"][0]]
+            return f"{where} is not supported by laneway ({what})"
+        return f"{where}: not a field of this message (unknown fields are refused)"
+    return f"{where}: {error['msg']}"
 
 
 def peek_reply_address(raw: bytes, limits: RequestLimits) -> tuple[str, str] | None:

@@ -11,7 +11,15 @@ import time
 from collections.abc import Sequence
 
 from schemas.errors import DeadlineExceeded, ErrorCode
-from schemas.messages import InferenceResult, Lane, Path, QualityEvent, RoutedRequest, Timings
+from schemas.messages import (
+    InferenceResult,
+    Lane,
+    Path,
+    QualityEvent,
+    RoutedRequest,
+    Timings,
+    Usage,
+)
 from schemas.settings import Settings
 from streams.cache.response import CacheHit
 from streams.kafka.envelopes import Outbound
@@ -108,15 +116,25 @@ def cancelled_result(routed: RoutedRequest, lane: Lane, now_ms: int) -> Inferenc
 
 
 def cached_result(routed: RoutedRequest, hit: CacheHit, lane: Lane, now_ms: int) -> InferenceResult:
-    """The answer a worker found in the cache instead of running a model."""
-    return answer_from_cache(routed, hit.output, hit.label, lane, now_ms)
+    """The answer a worker found in the cache instead of running a model,
+    with the completion tokens its model counted (the worker counts no
+    prompt tokens)."""
+    usage = Usage(completion_tokens=hit.completion_tokens or 0)
+    return answer_from_cache(routed, hit.output, hit.label, lane, now_ms, usage=usage)
 
 
 def answer_from_cache(
-    routed: RoutedRequest, output: str, model: str, lane: Lane, now_ms: int, batch_size: int = 1
+    routed: RoutedRequest,
+    output: str,
+    model: str,
+    lane: Lane,
+    now_ms: int,
+    batch_size: int = 1,
+    usage: Usage | None = None,
 ) -> InferenceResult:
     """An answer given to ``routed`` without running a model for it:
-    path ``cache``, ``model`` naming where the text came from."""
+    path ``cache``, ``model`` naming where the text came from, ``usage``
+    the tokens counted where it came from (``None``: 0)."""
     waited = max(0.0, now_ms - routed.produced_at_ms)
     return InferenceResult(
         id=routed.request.id,
@@ -126,6 +144,7 @@ def answer_from_cache(
         path=Path.CACHE,
         model=model,
         finish_reason="stop",
+        usage=usage or Usage(),
         timings=Timings(queue_ms=waited, total_ms=waited, batch_size=batch_size),
         batch_id=routed.request.batch_id,
         router_version=routed.router_version,

@@ -117,9 +117,12 @@ def shared_result(
     routed: RoutedRequest, answer: InferenceResult, lane: Lane, now_ms: int
 ) -> InferenceResult:
     """``answer``, computed for an identical request of the same batch (or
-    found in the cache for one), as the answer to ``routed``."""
+    found in the cache for one), as the answer to ``routed``, with its
+    usage: the same question as the cache compares it, and the same text."""
     model = f"cache:batch:{answer.model or '-'}"
     if answer.path is Path.CACHE and answer.model:
         model = answer.model  # already named after the cache entry it came from
     size = answer.timings.batch_size
-    return answer_from_cache(routed, answer.output or "", model, lane, now_ms, size)
+    return answer_from_cache(
+        routed, answer.output or "", model, lane, now_ms, size, usage=answer.usage
+    )

@@ -470,6 +470,7 @@ class Executor:
             seed=request.seed,
             unwanted=unwanted,
             on_text=on_text,
+            top_p=request.top_p,
         )
 
     def _result(

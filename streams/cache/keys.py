@@ -73,9 +73,11 @@ def _temperature_class(temperature: float) -> str:
 
 def cache_scope(request: InferenceRequest, settings: CacheSettings, context: str = "") -> str:
     """Everything besides the text that must match for two requests to share
-    an answer, stop strings included (they cut the answer). A JSON list, so
-    no tenant name can forge another scope. The seed is left out: only
-    temperature-0 answers are shared, and greedy decoding ignores it."""
+    an answer, stop strings included (they cut the answer), and the model a
+    request named (``InferenceRequest.model``: it gets that model's answer,
+    never one another path gave). A JSON list, so no tenant name can forge
+    another scope. The seed and ``top_p`` are left out: only temperature-0
+    answers are shared, and greedy decoding ignores them."""
     tenant = (request.tenant or "") if settings.per_tenant else "*"
     context_digest = hashlib.blake2b(context.encode(), digest_size=8).hexdigest() if context else ""
     scope: list[object] = [
@@ -86,6 +88,9 @@ def cache_scope(request: InferenceRequest, settings: CacheSettings, context: str
     ]
     if request.stop:  # only when given, so the keys of requests without stops stay the same
         scope.append(sorted(set(request.stop)))
+    named = request.named_model()
+    if named is not None:  # that model's answers only; keys without one stay the same
+        scope.append({"model": named})
     return json.dumps(scope)
 
 

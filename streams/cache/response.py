@@ -20,8 +20,11 @@ replays, so a failure can never come back as a success.
 
 Redis layout (``P`` = the process's key prefix)::
 
-    P:cache:e:<key>   hash, TTL ttl_s: output, model, path, text, entities,
-                      scope, created_ms, vec (base64 float32, once embedded)
+    P:cache:e:<key>   hash, TTL ttl_s: output, model, path, completion_tokens
+                      (the model's count of output's tokens; entries stored
+                      before it was kept lack it, and their hits say None),
+                      text, entities, scope, created_ms, vec (base64
+                      float32, once embedded)
     P:cache:index     sorted set of <key> scored by the Redis time (ms) of
                       its last store; trimmed to max_entries, the trimmed
                       entries deleted with it so Redis stays bounded too
@@ -147,7 +150,7 @@ class Probe:
         return self._words
 
 
-_HIT_FIELDS = ["output", "model", "path"]
+_HIT_FIELDS = ["output", "model", "path", "completion_tokens"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,9 @@ class CacheHit:
     """The path that produced the cached answer (light or heavy)."""
     key: str
     """The entry served (for a semantic hit, the cached prompt's key, not the request's)."""
+    completion_tokens: int | None = None
+    """The answer's tokens as its model counted them when it was stored
+    (``None``: an entry stored before the count was kept)."""
 
     @property
     def label(self) -> str:
@@ -201,13 +207,13 @@ end
 return 0
 """
 
-# KEYS: entries. Returns {output, model, path} per entry, in order: the
+# KEYS: entries. Returns {output, model, path, completion_tokens} per entry, in order: the
 # entries a whole batch asks about, in one command (a pipeline of one HMGET
 # per entry costs the client a reply to parse per entry and more).
 _FETCH = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  out[i] = redis.call('HMGET', key, 'output', 'model', 'path')
+  out[i] = redis.call('HMGET', key, 'output', 'model', 'path', 'completion_tokens')
 end
 return out
 """
@@ -233,12 +239,13 @@ def _encode_vector(vector: np.ndarray) -> str:
 def _hit_of(
     row: Any, kind: Literal["exact", "semantic"], similarity: float, key: str
 ) -> CacheHit | None:
-    """A hit from an entry's ``output, model, path`` (``None`` when absent
-    or not a model path's answer)."""
-    output, model, path = row
+    """A hit from an entry's ``output, model, path[, completion_tokens]``
+    (``None`` when absent or not a model path's answer)."""
+    output, model, path, *counted = row
     text, path_name = _text(output), _text(path)
     if not text or not Path.names_model(path_name):
         return None
+    tokens = _text(counted[0]) if counted else None
     return CacheHit(
         output=text,
         kind=kind,
@@ -246,6 +253,7 @@ def _hit_of(
         model=_text(model) or None,
         path=Path(path_name),
         key=key,
+        completion_tokens=int(tokens) if tokens and tokens.isdigit() else None,
     )
 
 
@@ -584,6 +592,8 @@ class ResponseCache:
             "scope",
             scope,
         ]
+        if result.usage.completion_tokens > 0:
+            fields += ["completion_tokens", str(result.usage.completion_tokens)]
         if vector is not None:
             fields += ["vec", _encode_vector(vector)]
         now_ms = await self._store_script(

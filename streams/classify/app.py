@@ -34,6 +34,7 @@ cache index and the drift monitor), the worker's signals and logging.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
@@ -56,6 +57,7 @@ from streams.classify.gate import RealtimeGate, realtime_workers
 from streams.classify.policy import Decision
 from streams.classify.registry import load_registry
 from streams.classify.router import RouteBoard, SmartRouter
+from streams.classify.tokens import TokenCounter
 from streams.kafka.batches import BatchSend
 from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.faust_transport import new_app, raw_sender
@@ -154,6 +156,7 @@ def build_app(
         drift=drift,
         rollout=lambda: rollout.current,
         tally=tally,
+        tokens=TokenCounter.for_registry(settings, registry),
     )
     app = new_app(settings, settings.app_id, consumer=False)
     send = raw_sender(app)
@@ -357,8 +360,11 @@ def build_app(
 
     @app.task
     async def _warm() -> None:
-        """Load the embedder and the route statistics before the first
-        request needs them, so its latency is not a model load."""
+        """Load the embedder, the token counter's vocabulary and the route
+        statistics before the first request needs them, so its latency is
+        not a model load."""
+        if batches.tokens is not None:
+            await asyncio.to_thread(batches.tokens.load)
         await routes.refresh()
         await rollout.refresh()
         if lookups.semantic:
@@ -394,6 +400,8 @@ def _settle_the_heap() -> None:
 def _choice(decision: Decision) -> str:
     if decision.forced:
         return "forced"
+    if decision.named is not None:
+        return "named"
     if decision.requested_path is not None:
         return "degraded"
     return "explored" if decision.explored else "scored"

@@ -16,8 +16,10 @@ Per batch:
    every rule lookup and the cache's version counter. Only requests whose
    session has history need a second trip (their exact key hashes that
    history). Cheap checks first: exact cache, then rules, then the semantic
-   cache, then the router. A request a rule owns is never embedded; the
-   rest are embedded in one call, and only those the index could answer.
+   cache, then the router. A request that named its ``model`` is never
+   answered by a rule (its rule is not looked up). A request a rule owns is
+   never embedded; the rest are embedded in one call, and only those the
+   index could answer.
    When the version moved since the index last synced, it syncs first, so
    a paraphrase asked right after its original's answer was stored hits.
 4. ``route`` every request (pure).
@@ -60,6 +62,7 @@ from streams.classify.flow import LaneFull
 from streams.classify.gate import RealtimeGate
 from streams.classify.policy import Found
 from streams.classify.router import PathStats, SmartRouter
+from streams.classify.tokens import TokenCounter, texts_of
 from streams.kafka.envelopes import dlq_for
 from streams.rollout.assign import RolloutView
 from streams.rollout.routers import ShadowTally
@@ -260,6 +263,8 @@ class BatchLookups:
             )
             known = seen[plan.text] = (intent, match, text_traits(plan.text))
         plan.intent, plan.match, plan.traits = known
+        if request.named_model() is not None:
+            plan.match = None  # that model answers it, not a rule (``policy.decide``)
         if self.settings.cache_in_use:
             plan.bare = self.cache.probe(request)
         return plan
@@ -374,7 +379,14 @@ class BatchLookups:
         failure the router uses its features-only head."""
         if self.router_embedder is None:
             return
-        wanted = [p for p in plans if p.verdict.allowed and p.hit is None and p.rule is None]
+        wanted = [
+            p
+            for p in plans
+            if p.verdict.allowed
+            and p.hit is None
+            and p.rule is None
+            and p.admitted.request.named_model() is None  # its path is named, not routed
+        ]
         if not wanted:
             return
         texts = list(dict.fromkeys(p.text for p in wanted))
@@ -500,6 +512,7 @@ class BatchClassifier:
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         rollout: Callable[[], RolloutView | None] = lambda: None,
         tally: ShadowTally | None = None,
+        tokens: TokenCounter | None = None,
     ) -> None:
         """``serving``: per lane, the paths live workers serve (the worker
         board); ``None`` while it is not known. ``gate``: whether the
@@ -507,7 +520,8 @@ class BatchClassifier:
         it as it is routed, so a burst in one wave fills the lane no further
         than one at a time would. ``rollout``: the model (and router)
         versions as last read (``streams.rollout``); ``tally``: where shadow
-        router versions' decisions are counted."""
+        router versions' decisions are counted; ``tokens``: counts the
+        tokens of the answers given here (rules, cache), once loaded."""
         self.settings = settings
         self.lookups = lookups
         self.router = router
@@ -519,6 +533,7 @@ class BatchClassifier:
         self._clock_ms = clock_ms
         self._rollout = rollout
         self.tally = tally
+        self.tokens = tokens
 
     async def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
         """Each record's outcome, in order; runs the waves one after another.
@@ -562,6 +577,7 @@ class BatchClassifier:
             else:
                 asking.append(i)
         looked = await self._find(records, admitted, asking)
+        await self._count_tokens(admitted, asking, looked)
         stats, level = self._stats(), self._level()
         for i, found in zip(asking, looked, strict=True):
             item = admitted[i]
@@ -574,6 +590,36 @@ class BatchClassifier:
             except Exception as exc:
                 done[i] = self._failed(records[i], exc)
         return [(i, done[i]) for i in wave]
+
+    async def _count_tokens(
+        self,
+        admitted: Sequence[Admitted | Classified],
+        asking: list[int],
+        looked: list[Looked | BaseException],
+    ) -> None:
+        """Count, in a thread, the texts the wave's own answers (cache hits,
+        rule answers) need counted and nobody counted yet, so that routing
+        them reads kept counts and the event loop never tokenizes."""
+        tokens = self.tokens
+        if tokens is None or not tokens.ready or self.settings.routing.force_path is not None:
+            return
+        texts: list[str] = []
+        for i, found in zip(asking, looked, strict=True):
+            item = admitted[i]
+            if isinstance(found, BaseException) or not isinstance(item, Admitted):
+                continue
+            if not found.verdict.allowed:
+                continue
+            request, hit, rule = item.request, found.found.hit, found.found.rule
+            if hit is not None:
+                texts += texts_of(request)
+                if hit.completion_tokens is None:
+                    texts.append(hit.output)
+            elif rule is not None and request.named_model() is None:
+                texts += [*texts_of(request), rule.text]
+        unknown = tokens.unknown(texts)
+        if unknown:
+            await asyncio.to_thread(tokens.learn, unknown)  # never raises
 
     async def _find(
         self,
@@ -593,7 +639,13 @@ class BatchClassifier:
         self, record: SourceRecord, now_ms: int, limits: RequestLimits
     ) -> Admitted | Classified:
         try:
-            return admit(record, now_ms=now_ms, settings=self.settings, limits=limits)
+            return admit(
+                record,
+                now_ms=now_ms,
+                settings=self.settings,
+                limits=limits,
+                registry=self.router.registry,
+            )
         except Exception as exc:
             return self._failed(record, exc)
 
@@ -617,6 +669,7 @@ class BatchClassifier:
             serving=self._serving(),
             full=self._full_for(looked.found),
             rollout=self._rollout(),
+            tokens=self.tokens,
         )
         decision = classified.decision
         if self._gate is not None and _to_realtime_model(classified):

@@ -8,9 +8,11 @@ limits, session histories, cache, rule lookups) in one round trip, and
 produce. Outcomes:
 
 - invalid record       -> DLQ, plus an INF-400 result when id and reply topic can be read
+                          (a ``model`` the registry does not name is invalid too)
 - deadline passed      -> INF-503 result
 - a cached answer      -> that answer, path ``cache``
-- a rule owns it       -> the rule's answer, path ``rules``
+- a rule owns it       -> the rule's answer, path ``rules`` (not for a request
+                          that named its ``model``: that model answers it)
 - otherwise            -> a ``RoutedRequest`` on the chosen lane topic, down
                           the path the smart router picked, as the flow
                           controller's load level allows (or INF-429 shed),
@@ -25,6 +27,10 @@ produce. Outcomes:
 An accepted request whose tenant is over its rate limit is turned into an
 INF-429 result by ``refuse_over_limit``. ``classify_record`` chains the
 steps with no I/O (built-in rules, no cache), for tests and tools.
+
+The answers given here count their tokens (``usage``) with the classifier's
+``TokenCounter`` (``streams.classify.tokens``) when it has one: a cache
+answer's completion tokens are those its model counted when it was stored.
 """
 
 from __future__ import annotations
@@ -43,14 +49,16 @@ from schemas.messages import (
     RequestLimits,
     RoutedRequest,
     Timings,
+    Usage,
     parse_request,
     peek_reply_address,
 )
 from schemas.settings import Settings
 from streams.classify.flow import LaneFull, Shed, apply_level, spills
 from streams.classify.policy import Decision, Found, decide
-from streams.classify.registry import builtin_registry
+from streams.classify.registry import ModelRegistry, builtin_registry, lanes_serving
 from streams.classify.router import PathStats, SmartRouter
+from streams.classify.tokens import TokenCounter
 from streams.kafka.envelopes import (
     Outbound,
     chunk_record,
@@ -122,10 +130,12 @@ def admit(
     now_ms: int,
     settings: Settings,
     limits: RequestLimits | None = None,
+    registry: ModelRegistry | None = None,
 ) -> Admitted | Classified:
     """The accepted request, or the refusal (INF-400 + DLQ, INF-503) to
     produce. ``limits``: ``settings.request_limits()``, if the caller holds
-    them (a batch builds them once)."""
+    them (a batch builds them once); ``registry``: the models a request's
+    ``model`` may name (``None``: not checked)."""
     raw = record.value or b""
     limits = limits or settings.request_limits()
     try:
@@ -134,6 +144,11 @@ def admit(
                 f"record is {len(raw)} bytes, limit {settings.limits.max_record_bytes}"
             )
         request = parse_request(raw, limits)
+        named = request.named_model()
+        if registry is not None and named is not None and registry.named(named) is None:
+            raise InvalidRequest(
+                f"model {named!r} is not served here: name one of {', '.join(registry.model_names)}"
+            )
     except InvalidRequest as error:
         return _reject(record, raw, error, now_ms=now_ms, settings=settings, limits=limits)
 
@@ -165,23 +180,37 @@ def route(
     serving: Serving | None = None,
     full: Callable[[Path], LaneFull | None] | None = None,
     rollout: RolloutView | None = None,
+    tokens: TokenCounter | None = None,
 ) -> Classified:
     """``level``: the flow controller's load level (``streams.classify.flow``);
     ``serving``: per lane, the paths live workers serve (``None``: not known);
     ``full``: asked with the path of a model request put on the realtime
     lane, that lane when it is too full for it (``flow.LaneFull``; the
     realtime gate's ``full``); ``rollout``: the model versions (``None``:
-    no version is named)."""
+    no version is named); ``tokens``: counts the tokens of an answer given
+    here (``None``: its usage says 0, but a cache entry's own count)."""
     request, reply_to = admitted.request, admitted.reply_to
     age_ms = admitted.age_ms(now_ms)
+    named_model = request.named_model()
+    named = router.registry.named(named_model) if named_model is not None else None
+    configured = lanes_serving(settings, router.registry, named.path) if named else ()
     routers = rollout.routers if rollout is not None else None
     router_version = None
     chooser = router
-    if routers is not None and settings.routing.force_path is None:
+    if routers is not None and settings.routing.force_path is None and named is None:
         router_version = routers.version_for(request)
         chooser = router.with_learned(routers.learned(router_version))
-    decision = decide(request, found, settings.routing, chooser, stats or {}, serving)
-    answer = _answer(decision, admitted, age_ms)
+    decision = decide(
+        request,
+        found,
+        settings.routing,
+        chooser,
+        stats or {},
+        serving,
+        named=named,
+        configured=configured,
+    )
+    answer = _answer(decision, admitted, age_ms, tokens)
     if answer is not None:
         hit_key = decision.hit.key if decision.hit is not None else None
         records = _terminal(answer, admitted, now_ms, settings, cache_key=hit_key)
@@ -192,7 +221,17 @@ def route(
         lane_full = full(decision.path)
     spill = spills(decision, lane_full)
     if spill is not None:  # the lane's own paths compete, as on any request sent there
-        chosen = decide(request, found, settings.routing, chooser, stats or {}, serving, lane=spill)
+        chosen = decide(
+            request,
+            found,
+            settings.routing,
+            chooser,
+            stats or {},
+            serving,
+            lane=spill,
+            named=named,
+            configured=configured,
+        )
         decision = replace(chosen, spilled_from=decision.lane)
     cheapest = router.registry.cheapest(decision.lane)
     adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms, lane_full, cheapest)
@@ -208,6 +247,11 @@ def route(
         records = _terminal(result, admitted, now_ms, settings)
         return Classified("shed", records, result, request, reply_to, decision)
     produced_ms = admitted.record.timestamp_ms
+    version = None
+    if named is not None and named.version is not None and adjusted.path == named.path:
+        version = named.version  # the version the client named by its model's name
+    elif rollout is not None:
+        version = rollout.version_for(request, adjusted.path, adjusted.lane)
     routed = RoutedRequest(
         request=request,
         lane=adjusted.lane,
@@ -221,7 +265,7 @@ def route(
         ),
         history=list(history),
         explored=adjusted.explored,
-        version=(rollout.version_for(request, adjusted.path, adjusted.lane) if rollout else None),
+        version=version,
         router_version=router_version,
     )
     out = [
@@ -299,18 +343,21 @@ def classify_record(
     rules: RuleBook,
     level: int = 0,
     router: SmartRouter | None = None,
+    tokens: TokenCounter | None = None,
 ) -> Classified:
     """``admit`` then ``route`` with no I/O: rules that need no lookup, no
     cache, no session, the registry's prior statistics."""
-    admitted = admit(record, now_ms=now_ms, settings=settings)
+    router = router or SmartRouter(builtin_registry(settings.backend), settings.routing)
+    admitted = admit(record, now_ms=now_ms, settings=settings, registry=router.registry)
     if isinstance(admitted, Classified):
         return admitted
-    router = router or SmartRouter(builtin_registry(settings.backend), settings.routing)
     text = admitted.request.user_text()
     intent, _ = rules.classify(text)
     rule = rules.answer(text) if settings.routing.rules_enabled else None
     found = Found(rule=rule, intent=intent)
-    return route(admitted, found, now_ms=now_ms, settings=settings, router=router, level=level)
+    return route(
+        admitted, found, now_ms=now_ms, settings=settings, router=router, level=level, tokens=tokens
+    )
 
 
 def refuse_over_limit(
@@ -330,16 +377,26 @@ def refuse_over_limit(
     return Classified("limited", records, result, request, admitted.reply_to)
 
 
-def _answer(decision: Decision, admitted: Admitted, age_ms: int) -> InferenceResult | None:
-    """The classifier's own answer (cache or rules), if it has one."""
+def _answer(
+    decision: Decision, admitted: Admitted, age_ms: int, tokens: TokenCounter | None = None
+) -> InferenceResult | None:
+    """The classifier's own answer (cache or rules), if it has one, with
+    its tokens counted (``tokens``; a cache entry's completion tokens are
+    its model's own count, when the entry has it)."""
     request = admitted.request
+    completion: int | None = None
     if decision.hit is not None:
         hit = decision.hit
-        output, model = hit.output, hit.label
+        output, model, completion = hit.output, hit.label, hit.completion_tokens
     elif decision.rule is not None:
         output, model = decision.rule.text, f"rules:{decision.rule.rule}"
     else:
         return None
+    usage = Usage(completion_tokens=completion or 0)
+    if tokens is not None and tokens.ready:
+        if completion is None:
+            completion = tokens.answer(output)
+        usage = Usage(prompt_tokens=tokens.prompt(request), completion_tokens=completion)
     return InferenceResult(
         id=request.id,
         status="ok",
@@ -348,6 +405,7 @@ def _answer(decision: Decision, admitted: Admitted, age_ms: int) -> InferenceRes
         path=decision.path,
         model=model,
         finish_reason="stop",
+        usage=usage,
         timings=_timings(age_ms),
         batch_id=request.batch_id,
     )

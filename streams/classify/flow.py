@@ -178,6 +178,8 @@ def apply_level(
         return Shed(f"bulk intake paused (load level {level})", retry_after_ms)
     if not decision.path.is_model or decision.path == cheapest or decision.forced:
         return decision
+    if decision.named is not None:  # the client's own choice of model: shed, never moved
+        return decision
     everything = level >= 3 and decision.lane is Lane.REALTIME
     if everything or (level >= 1 and decision.complexity < Complexity.COMPLEX):
         return replace(decision, path=cheapest, requested_path=decision.path)

@@ -6,6 +6,13 @@ the request's features give its complexity class and lane, and the smart
 router picks the eligible model path with the best live record. With
 ``force_path`` set every request goes to that one model path (the
 single-path baseline of ``laneway bench``).
+
+A request that names its model (``InferenceRequest.model``, resolved by
+the registry: ``named``) gets that model's answer: the cache still answers
+it (its entries are kept apart per named model, ``streams.cache.keys``),
+no rule does (a rule's answer is not that model's), and it goes down the
+named path on the nearest lane whose workers serve it, whatever the router
+would have chosen.
 """
 
 from __future__ import annotations
@@ -27,10 +34,11 @@ from streams.classify.features import (
     extract_features,
     lane_for,
 )
+from streams.classify.registry import NamedModel
 from streams.classify.router import PathStats, SmartRouter
 from streams.rules.engine import RuleAnswer
 
-__all__ = ["Decision", "Found", "decide", "estimate_tokens"]
+__all__ = ["Decision", "Found", "decide", "estimate_tokens", "lane_serving"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,9 @@ class Decision:
     """The client asked for this lane (its ``lane`` hint, or a deadline
     within ``realtime_max_deadline_ms``), so a full lane refuses it; a lane
     the classifier chose by itself spills to medium instead."""
+    named: NamedModel | None = None
+    """The model the request named, whose path this is: flow control never
+    moves it to another path (it may shed it)."""
 
 
 def decide(
@@ -79,11 +90,17 @@ def decide(
     stats: Mapping[Path, PathStats],
     serving: Mapping[Lane, Collection[Path]] | None = None,
     lane: Lane | None = None,
+    *,
+    named: NamedModel | None = None,
+    configured: Collection[Lane] = (),
 ) -> Decision:
     """``serving``: per lane, the paths live workers serve (the worker
     board); ``None`` when it is not known, and then any path may be chosen.
     ``lane``: the lane to choose a path for instead of the one the
-    request's features give (a request spilled off a full lane)."""
+    request's features give (a request spilled off a full lane).
+    ``named``: the model the request named; ``configured``: the lanes whose
+    workers load its path as configured (``registry.lanes_serving``), for
+    when the worker board does not say."""
     features = extract_features(
         request,
         routing,
@@ -100,6 +117,16 @@ def decide(
     answered_lane = request.lane or Lane.REALTIME  # answered at once, in the classifier
     if found.hit is not None:
         return Decision(answered_lane, Path.CACHE, complexity, features, hit=found.hit)
+    if named is not None:  # that model's answer: no rule's, no other path's
+        return Decision(
+            lane_serving(lane, named.path, serving, configured),
+            named.path,
+            complexity,
+            features,
+            model=named.name,
+            lane_asked=request.lane is not None or asks_realtime(features, routing),
+            named=named,
+        )
     if found.rule is not None:
         return Decision(answered_lane, Path.RULES, complexity, features, rule=found.rule)
     served = None if serving is None else serving.get(lane, frozenset())
@@ -116,6 +143,30 @@ def decide(
         explored=choice.explored,
         lane_asked=request.lane is not None or asks_realtime(features, routing),
     )
+
+
+_NEAREST = {
+    Lane.REALTIME: (Lane.REALTIME, Lane.MEDIUM, Lane.BULK),
+    Lane.MEDIUM: (Lane.MEDIUM, Lane.REALTIME, Lane.BULK),
+    Lane.BULK: (Lane.BULK, Lane.MEDIUM, Lane.REALTIME),
+}
+
+
+def lane_serving(
+    lane: Lane,
+    path: Path,
+    serving: Mapping[Lane, Collection[Path]] | None,
+    configured: Collection[Lane],
+) -> Lane:
+    """``lane`` if its workers serve ``path``, else the nearest lane that
+    does: first by the live workers (``serving``), then as ``configured``;
+    ``lane`` itself when none is known to (a worker there falls back)."""
+    order = _NEAREST[lane]
+    if serving is not None:
+        for candidate in order:
+            if path in serving.get(candidate, ()):
+                return candidate
+    return next((candidate for candidate in order if candidate in configured), lane)
 
 
 def _model_of(router: SmartRouter, path: Path) -> str | None:

@@ -40,6 +40,8 @@ versions exist. Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path as FsPath
 from typing import Literal
 
@@ -53,16 +55,18 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.messages import Lane, Path
+from schemas.messages import AUTO_MODEL, Lane, Path
 from schemas.settings import BackendSettings, Settings
 from streams.classify.features import Complexity
 
 __all__ = [
     "ModelEntry",
     "ModelRegistry",
+    "NamedModel",
     "RegistryError",
     "VersionState",
     "builtin_registry",
+    "lanes_serving",
     "load_registry",
     "worker_paths",
 ]
@@ -130,6 +134,18 @@ class ModelEntry(BaseModel):
     @property
     def capability(self) -> Complexity:
         return Complexity.named(self.max_complexity)
+
+
+@dataclass(frozen=True, slots=True)
+class NamedModel:
+    """A model a request named (``InferenceRequest.model``), as the registry knows it."""
+
+    path: Path
+    version: str | None
+    """The version named by its model's name; ``None`` when the path was
+    named (the roll-out assigns the version, as for any request)."""
+    name: str
+    """The model's name (the named version's, else the path's active one)."""
 
 
 class ModelRegistry(BaseModel):
@@ -209,6 +225,35 @@ class ModelRegistry(BaseModel):
         tie): the bulk workers' default."""
         return max(self.serving(lane), key=lambda m: (m.capability, -m.cost_per_1k_tokens)).path
 
+    @cached_property
+    def _named(self) -> dict[str, NamedModel]:
+        """Every name a request's ``model`` may give, first come first kept:
+        each model path, then each version that is not retired by its
+        model's ``name`` and as results name it (``<backend>:<name>``),
+        active versions first."""
+        out: dict[str, NamedModel] = {}
+        for entry in self.active_models:
+            out.setdefault(entry.path.value, NamedModel(entry.path, None, entry.name))
+        ordered = [*self.active_models, *(m for m in self.models if m.state != "active")]
+        for entry in ordered:
+            if entry.state == "retired":
+                continue
+            named = NamedModel(entry.path, entry.version, entry.name)
+            out.setdefault(entry.name, named)
+            out.setdefault(f"{entry.backend}:{entry.name}", named)
+        out.pop(AUTO_MODEL, None)  # ``auto`` always leaves the choice to the router
+        return out
+
+    def named(self, name: str) -> NamedModel | None:
+        """The model ``name`` names (a path, or a model's name), ``None`` if
+        none (``auto`` names none: the router chooses)."""
+        return self._named.get(name)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names a request's ``model`` may give: ``auto`` and ``named``'s."""
+        return (AUTO_MODEL, *self._named)
+
     def version(self, path: Path, version: str) -> ModelEntry | None:
         return next((m for m in self.versions(path) if m.version == version), None)
 
@@ -245,6 +290,19 @@ def worker_paths(settings: Settings, lane: Lane, registry: ModelRegistry) -> tup
             f"(LANEWAY_{lane.value.upper()}_PATHS, LANEWAY_ROUTING_FORCE_PATH)"
         )
     return chosen
+
+
+def lanes_serving(settings: Settings, registry: ModelRegistry, path: Path) -> tuple[Lane, ...]:
+    """The lanes whose workers load ``path`` as configured (``worker_paths``;
+    a lane configured with a path the registry lacks serves nothing here)."""
+    out = []
+    for lane in Lane:
+        try:
+            if path in worker_paths(settings, lane, registry):
+                out.append(lane)
+        except RegistryError:
+            continue
+    return tuple(out)
 
 
 def builtin_registry(backend: BackendSettings) -> ModelRegistry:

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from schemas.messages import ErrorInfo, InferenceRequest, InferenceResult, Path
+from schemas.messages import ErrorInfo, InferenceRequest, InferenceResult, Path, Usage
 from schemas.settings import CacheSettings
 from streams.cache.embedding import MiniLMEmbedder
 from streams.cache.response import LOOKUPS, STORES, ResponseCache
 from streams.ops import REDIS_ERRORS
+from streams.stores.rounds import Round
 
 
 def req(prompt: str, **fields: Any) -> InferenceRequest:
@@ -287,3 +288,33 @@ async def test_dead_redis_fails_open_fast(minilm: MiniLMEmbedder) -> None:
     assert count(REDIS_ERRORS, "cache") == errors + 1
     assert count(LOOKUPS, "error") == lookup_errors + 2
     assert count(STORES, "error") == store_errors + 1
+
+
+async def test_an_entry_keeps_its_models_token_count_and_old_entries_read_without(
+    make_cache: Any, redis_client: aioredis.Redis
+) -> None:
+    cache = make_cache(None)
+    question = req("How long does shipping take?")
+    result = answer(
+        question, "Three to five days.", usage=Usage(prompt_tokens=9, completion_tokens=6)
+    )
+    assert await cache.store(question, result)
+    hit = await cache.lookup(question)
+    assert hit is not None and hit.completion_tokens == 6
+    round_ = Round(redis_client)  # the batch classifier's read, one script for the batch
+    at = cache.queue_exact(round_, [hit.key])
+    assert cache.exact_from((await round_.run())[at], [hit.key])[hit.key].completion_tokens == 6
+    # An entry a worker stored before the count was kept: read as before, count unknown.
+    await redis_client.hdel(cache.entry_key(hit.key), "completion_tokens")
+    old = await cache.lookup(question)
+    assert old is not None and old.output == "Three to five days." and old.completion_tokens is None
+
+
+async def test_a_named_models_answer_is_its_own(make_cache: Any) -> None:
+    cache = make_cache(None)
+    heavy = req("Why is the sea salty?", model="heavy")
+    assert await cache.store(heavy, answer(heavy, "Rivers carry salt.", path=Path.HEAVY))
+    assert await cache.lookup(req("Why is the sea salty?", model="heavy")) is not None
+    assert await cache.lookup(req("Why is the sea salty?")) is None
+    assert await cache.lookup(req("Why is the sea salty?", model="auto")) is None
+    assert await cache.lookup(req("Why is the sea salty?", model="light")) is None

@@ -57,6 +57,8 @@ class GenerationInput:
     (a batch retried in halves after running out of memory, say), the
     answer ``infer_batch`` returns is what counts, and ``workers.streaming``
     mends the stream from it."""
+    top_p: float | None = None
+    """Nucleus sampling at ``temperature > 0`` (``None`` = 1: every token)."""
 
     def remaining_s(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()

@@ -100,6 +100,8 @@ class SequenceRequest:
     temperature: float = 0.0
     seed: int = 0
     stops: tuple[str, ...] = ()
+    top_p: float = 1.0
+    """Nucleus sampling at ``temperature > 0`` (1: every token may be drawn)."""
     deadline: float | None = None
     """On the ``time.monotonic()`` clock; ``None`` = none."""
     on_piece: Callable[[bytes], None] | None = field(default=None, compare=False)
@@ -424,7 +426,9 @@ class BatchDecoder:
             )
             return
         seq.todo = list(seq.prompt)
-        seq.sampler = Sampler(request.temperature, request.seed, self._repeat_penalty)
+        seq.sampler = Sampler(
+            request.temperature, request.seed, self._repeat_penalty, request.top_p
+        )
         seq.scanner = StopScanner(request.stops)
         self._waiting.append(seq)
 

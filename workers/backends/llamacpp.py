@@ -130,6 +130,7 @@ class LlamaCppBackend:
                 on_piece=_threadsafe(Utf8Pieces(AnswerPieces(item.on_text, strip=prompt.strip)))
                 if item.on_text is not None
                 else None,
+                top_p=1.0 if item.top_p is None else item.top_p,
             )
             requests.append((i, prompt, request))
         futures = decoder.submit([request for _, _, request in requests])

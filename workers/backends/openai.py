@@ -64,6 +64,8 @@ class OpenAIBackend:
             body["stop"] = list(item.stop)
         if item.seed is not None:
             body["seed"] = item.seed
+        if item.top_p is not None:
+            body["top_p"] = item.top_p
         timeout = self._settings.openai_timeout_s
         remaining = item.remaining_s()
         if remaining is not None:

@@ -6,7 +6,11 @@ what laneway does not use: the repeat penalty over the last
 ``REPEAT_LAST_N`` generated tokens (a logit above 0 is divided by the
 penalty, one at or below 0 multiplied), then the argmax at temperature 0,
 else a draw from the temperature softmax with the sequence's own RNG, so a
-seeded request samples the same tokens whatever it is batched with.
+seeded request samples the same tokens whatever it is batched with. With
+``top_p`` below 1 the draw is among the nucleus only: the most likely
+tokens whose probabilities first add up to ``top_p`` (at least one), the
+probabilities taken before the temperature, as llama.cpp's top-p sampler
+runs before its temperature one.
 """
 
 from __future__ import annotations
@@ -17,7 +21,15 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["REPEAT_LAST_N", "Sampler", "StopScanner", "choose_token", "penalize", "stop_prefix_len"]
+__all__ = [
+    "REPEAT_LAST_N",
+    "Sampler",
+    "StopScanner",
+    "choose_token",
+    "nucleus",
+    "penalize",
+    "stop_prefix_len",
+]
 
 REPEAT_LAST_N = 64
 """Generated tokens the repeat penalty looks back over (llama-cpp-python's
@@ -38,10 +50,45 @@ def penalize(logits: Logits, recent: Sequence[int], penalty: float) -> Logits:
     return out
 
 
-def choose_token(logits: Logits, temperature: float, rng: np.random.Generator) -> int:
-    """The argmax at temperature 0, else a draw from ``softmax(logits / temperature)``."""
+_NUCLEUS_FIRST = 32
+"""Candidates the nucleus is first looked for among (then eight times as
+many, and so on): a sort of the whole vocabulary (49,152 tokens for
+SmolLM2) for every token would cost more than the decode step."""
+
+
+def nucleus(logits: Logits, top_p: float) -> npt.NDArray[np.intp]:
+    """The token ids of ``softmax(logits)``'s nucleus, most likely first: the
+    fewest whose probabilities add up to ``top_p`` or more (at least one)."""
+    weights = np.exp(logits.astype(np.float64) - float(np.max(logits)))
+    target = top_p * float(np.sum(weights))
+    size = len(weights)
+    k = min(size, _NUCLEUS_FIRST)
+    while True:
+        top = np.argpartition(weights, size - k)[size - k :]
+        top = top[np.argsort(-weights[top], kind="stable")]
+        cumulative = np.cumsum(weights[top])
+        if cumulative[-1] >= target or k == size:
+            break
+        k = min(size, k * 8)
+    n = int(np.searchsorted(cumulative, target, side="left")) + 1
+    return top[: min(n, k)]
+
+
+def choose_token(
+    logits: Logits, temperature: float, rng: np.random.Generator, top_p: float = 1.0
+) -> int:
+    """The argmax at temperature 0, else a draw from ``softmax(logits /
+    temperature)``; with ``top_p`` below 1, from the ``nucleus`` only."""
     if temperature <= 0:
         return int(np.argmax(logits))
+    if top_p < 1.0:
+        keep = nucleus(logits, top_p)
+        scaled = (logits[keep].astype(np.float64) - float(logits[keep[0]])) / temperature
+        weights = np.exp(scaled)
+        cumulative = np.cumsum(weights)
+        draw = rng.random() * cumulative[-1]
+        at = min(int(np.searchsorted(cumulative, draw, side="right")), len(keep) - 1)
+        return int(keep[at])
     scaled = (logits.astype(np.float64) - float(np.max(logits))) / temperature
     weights = np.exp(scaled)
     cumulative = np.cumsum(weights)
@@ -52,16 +99,22 @@ def choose_token(logits: Logits, temperature: float, rng: np.random.Generator) -
 class Sampler:
     """One sequence's sampling state: its RNG and the tokens it generated lately."""
 
-    def __init__(self, temperature: float, seed: int, repeat_penalty: float) -> None:
+    def __init__(
+        self, temperature: float, seed: int, repeat_penalty: float, top_p: float = 1.0
+    ) -> None:
         self.temperature = temperature
         self.repeat_penalty = repeat_penalty
+        self.top_p = top_p
         self._rng = np.random.default_rng(seed)
         self._recent: deque[int] = deque(maxlen=REPEAT_LAST_N)
 
     def sample(self, logits: Logits) -> int:
         """The next token; ``accept`` it once it is kept."""
         return choose_token(
-            penalize(logits, self._recent, self.repeat_penalty), self.temperature, self._rng
+            penalize(logits, self._recent, self.repeat_penalty),
+            self.temperature,
+            self._rng,
+            self.top_p,
         )
 
     def accept(self, token: int) -> None:

@@ -126,18 +126,22 @@ def sampling_options(item: GenerationInput, stops: Sequence[str] = ()) -> dict[s
     ``seed``: the request's own; else 0 when sampling (``temperature > 0``),
     so the same request gives the same answer as on llama.cpp; none when
     greedy, which has nothing to seed. ``stop``: ``stops`` (the prompt
-    style's) and the request's own, ``None`` when there are none.
+    style's) and the request's own, ``None`` when there are none. ``top_p``:
+    the request's, when it gave one (vLLM's default, 1, otherwise).
     """
     seed = item.seed
     if seed is None and item.temperature > 0:
         seed = 0
     stop = [*stops, *(item.stop or ())]
-    return {
+    options: dict[str, Any] = {
         "max_tokens": item.max_tokens,
         "temperature": item.temperature,
         "seed": seed,
         "stop": stop or None,
     }
+    if item.top_p is not None:
+        options["top_p"] = item.top_p
+    return options
 
 
 def time_left(deadline: float | None, now: float) -> float | None:

@@ -24,6 +24,7 @@ def test_stop_and_seed_are_optional_and_kept() -> None:
     assert plain.stop is None and plain.seed is None
     request = parse_request(raw(stop=["\n\n", "END"], seed=42, temperature=0.7), LIMITS)
     assert request.stop == ["\n\n", "END"] and request.seed == 42
+    assert parse_request(raw(stop="END"), LIMITS).stop == ["END"]  # OpenAI's one string
 
 
 @pytest.mark.parametrize(
@@ -32,7 +33,7 @@ def test_stop_and_seed_are_optional_and_kept() -> None:
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": [""]}, "stop.0"),
         ({"stop": ["x" * 65]}, "stop.0"),
-        ({"stop": "END"}, "stop"),
+        ({"stop": ""}, "stop.0"),
         ({"seed": -1}, "seed"),
     ],
 )
@@ -54,3 +55,18 @@ def test_the_executor_hands_stop_and_seed_to_the_backend() -> None:
     )
     item = Executor(Lane.BULK, {})._input(routed, now)
     assert list(item.stop or ()) == ["END"] and item.seed == 7
+    assert item.top_p is None
+
+
+def test_the_executor_hands_top_p_to_the_backend() -> None:
+    request = parse_request(raw(top_p=0.25, temperature=0.8), LIMITS)
+    now = int(time.time() * 1000)
+    routed = RoutedRequest(
+        request=request,
+        lane=Lane.BULK,
+        path=Path.LIGHT,
+        reply_to="laneway.replies",
+        produced_at_ms=now,
+        routed_at_ms=now,
+    )
+    assert Executor(Lane.BULK, {})._input(routed, now).top_p == 0.25

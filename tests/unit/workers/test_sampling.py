@@ -9,6 +9,7 @@ from workers.backends.sampling import (
     Sampler,
     StopScanner,
     choose_token,
+    nucleus,
     penalize,
     stop_prefix_len,
 )
@@ -42,6 +43,50 @@ def test_temperature_sharpens_towards_the_argmax() -> None:
     hot = [choose_token(scores, 5.0, rng) for _ in range(200)]
     assert cold.count(2) == 200
     assert len(set(hot)) == 3
+
+
+def test_a_small_top_p_always_takes_the_top_token() -> None:
+    scores = logits(0.1, 3.0, 2.9, -1.0)
+    rng = np.random.default_rng(5)
+    assert {choose_token(scores, 2.0, rng, top_p=0.01) for _ in range(200)} == {1}
+
+
+def test_top_p_draws_only_from_the_nucleus_and_from_all_of_it() -> None:
+    # Probabilities about .64, .24, .09, .03 (softmax of 3, 2, 1, 0):
+    # top_p .8 keeps the first two (.64 < .8 <= .88), never the others.
+    scores = logits(1.0, 3.0, 0.0, 2.0)
+    assert nucleus(scores, 0.8).tolist() == [1, 3]
+    assert nucleus(scores, 0.64).tolist() == [1]  # reaching top_p is enough
+    assert nucleus(scores, 0.9).tolist() == [1, 3, 0]
+    assert nucleus(scores, 1.0).tolist() == [1, 3, 0, 2]
+    rng = np.random.default_rng(11)
+    drawn = [choose_token(scores, 1.0, rng, top_p=0.8) for _ in range(2000)]
+    assert set(drawn) == {1, 3}
+    # Within the nucleus the temperature softmax decides: .64 / .88 of the draws.
+    assert abs(drawn.count(1) / len(drawn) - 0.73) < 0.04
+
+
+def test_the_nucleus_of_a_flat_vocabulary_is_found_past_the_first_candidates() -> None:
+    scores = np.zeros(49_152, dtype=np.float32)
+    scores[:10] = 1.0  # a few likelier tokens, then a long flat tail
+    kept = nucleus(scores, 0.5)
+    tail = np.exp(-1.0)  # each flat token's weight against a likelier one's 1
+    expected = 10 + np.ceil((0.5 * (10 + 49_142 * tail) - 10) / tail)
+    assert abs(len(kept) - expected) <= 1  # float rounding of the sums
+    assert set(kept[:10].tolist()) == set(range(10))
+    assert len(set(kept.tolist())) == len(kept)
+
+
+def test_top_p_of_one_samples_as_without_it() -> None:
+    scores = np.linspace(-1, 1, 50, dtype=np.float32)
+
+    def draws(**top_p: float) -> list[int]:
+        sampler = Sampler(temperature=1.5, seed=3, repeat_penalty=1.0, **top_p)
+        return [sampler.sample(scores) for _ in range(40)]
+
+    assert draws(top_p=1.0) == draws()
+    assert draws(top_p=0.3) == draws(top_p=0.3)  # still seeded
+    assert draws(top_p=0.3) != draws()
 
 
 def test_repeat_penalty_divides_positive_and_multiplies_negative_logits() -> None:

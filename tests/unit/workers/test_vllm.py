@@ -41,9 +41,10 @@ def ask(
     max_tokens: int = 12,
     stop: list[str] | None = None,
     seed: int | None = None,
+    top_p: float | None = None,
 ) -> GenerationInput:
     messages = [ChatMessage(role="user", content="hi")]
-    return GenerationInput(messages, max_tokens, temperature, stop=stop, seed=seed)
+    return GenerationInput(messages, max_tokens, temperature, stop=stop, seed=seed, top_p=top_p)
 
 
 # -- the device ------------------------------------------------------------------
@@ -129,6 +130,11 @@ def test_sampled_requests_are_seeded_so_a_request_repeats_its_answer() -> None:
 
 def test_the_prompt_styles_stops_come_first() -> None:
     assert sampling_options(ask(), TRANSCRIPT_STOPS)["stop"] == list(TRANSCRIPT_STOPS)
+
+
+def test_top_p_is_passed_only_when_the_request_gave_one() -> None:
+    assert sampling_options(ask(0.7, top_p=0.5))["top_p"] == 0.5
+    assert "top_p" not in sampling_options(ask(0.7))  # vLLM's own default, 1
 
 
 def test_the_requests_own_seed_and_stop_are_kept() -> None:
