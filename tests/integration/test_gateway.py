@@ -130,6 +130,9 @@ async def test_keys_limits_and_laneways_errors_reach_the_sdk_as_its_own_exceptio
     keys = tmp_path / "keys.json"
     good, _ = add_key(keys, "acme", rpm=None, tpm=None)
     tight, _ = add_key(keys, "tight", rpm=1, tpm=None)
+    thrifty, _ = add_key(keys, "thrifty", rpm=None, tpm=1)
+    # conftest gives tenant "tiny" a burst of 2 in laneway's own limiter (Redis).
+    tiny, _ = add_key(keys, "tiny", rpm=None, tpm=None)
     async with gateway(keys_file=keys) as server:
         hello = [{"role": "user", "content": "Hello!"}]
         with pytest.raises(openai.AuthenticationError) as unknown:
@@ -161,6 +164,26 @@ async def test_keys_limits_and_laneways_errors_reach_the_sdk_as_its_own_exceptio
         assert (await client.chat.completions.create(model="auto", messages=hello)).choices, (
             "another key is not held back"
         )
+
+        # Tokens per minute: counted once answered, so the next request waits.
+        frugal = sdk(server, thrifty)
+        spent = await frugal.chat.completions.create(
+            model="auto", messages=SEA, max_tokens=4, extra_headers=NO_CACHE
+        )
+        assert spent.usage is not None and spent.usage.total_tokens > 1
+        with pytest.raises(openai.RateLimitError, match="tokens in the last minute"):
+            await frugal.chat.completions.create(model="auto", messages=hello)
+
+        # The key's tenant reaches laneway: its own limiter refuses "tiny" with INF-429.
+        small = sdk(server, tiny)
+        answers = await asyncio.gather(
+            *(small.chat.completions.create(model="auto", messages=hello) for _ in range(4)),
+            return_exceptions=True,
+        )
+        refused = [a for a in answers if isinstance(a, openai.RateLimitError)]
+        assert refused and all(a.code == "INF-429" for a in refused), answers
+        assert all(int(a.response.headers["retry-after"]) >= 1 for a in refused)
+        assert not [a for a in answers if isinstance(a, Exception) and a not in refused], answers
 
 
 async def test_a_client_that_goes_away_cancels_its_request(
