@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -34,18 +33,15 @@ from streams.gateway import metrics
 from streams.gateway.errors import GatewayError, from_error_info
 from streams.gateway.keys import ApiKey, KeyRing
 from streams.gateway.limiter import MinuteLimiter
-from streams.gateway.sse import AnswerRestarted, Stitch
+from streams.gateway.sse import ChunkEvents
 from streams.gateway.translate import (
     AUTO_MODEL,
     Knobs,
-    chunk,
     completion,
-    finish_reason,
     knobs_from_headers,
     laneway_headers,
     parse_request,
     to_request,
-    usage_of,
 )
 
 __all__ = ["Gateway"]
@@ -304,101 +300,37 @@ class Gateway:
             metrics.TIME_TO_FIRST_BYTE.labels("/v1/chat/completions").observe(
                 time.perf_counter() - received
             )
-            sse = _Events(response, parsed.id, first.model or asked)
+            events = ChunkEvents(
+                parsed.id,
+                model=first.model or asked,
+                created=int(time.time()),
+                include_usage=include_usage,
+            )
             try:
-                await sse.send(delta={"role": "assistant", "content": ""})
-                await self._relay(sse, first, deltas, key, include_usage, parsed.id, wait_s)
+                await _write(response, events.start())
+                delta = first
+                while True:
+                    await _write(response, events.delta(delta))
+                    if delta.result is not None and delta is not first:
+                        self._spend(key, delta.result)
+                    if events.ended:
+                        break
+                    try:
+                        delta = await anext(deltas)
+                    except TimeoutError:
+                        message = f"the answer to {parsed.id} did not end within {wait_s:.0f}s"
+                        await _write(response, events.fail(GatewayError(504, message, "timeout")))
+                        break
             except ConnectionResetError:
-                log.info("client of %s went away; cancelling it", parsed.id)
+                log.info("the client of %s went away; cancelling it", parsed.id)
+            if events.error is not None:
+                log.info("stream %s ended with an error: %s", parsed.id, events.error)
             return response
 
-    async def _relay(
-        self,
-        sse: _Events,
-        first: StreamDelta,
-        deltas: Any,
-        key: ApiKey | None,
-        include_usage: bool,
-        request_id: str,
-        wait_s: float,
-    ) -> None:
-        """Send each delta; the last one's finish and usage, then [DONE]."""
-        stitch = Stitch()
-        delta: StreamDelta | None = first
-        while delta is not None:
-            try:
-                text = stitch.feed(delta.text, restart=delta.restart)
-            except AnswerRestarted as exc:
-                await sse.error(GatewayError(502, str(exc), "answer_restarted"))
-                return
-            if text:
-                await sse.send(delta={"content": text})
-            result = delta.result
-            if result is not None:
-                if delta is not first:
-                    self._spend(key, result)
-                if result.error is not None:
-                    await sse.error(from_error_info(result.error))
-                    return
-                try:
-                    stitch.finish()
-                except AnswerRestarted as exc:
-                    await sse.error(GatewayError(502, str(exc), "answer_restarted"))
-                    return
-                await sse.send(delta={}, finish=finish_reason(result.finish_reason))
-                if include_usage:
-                    await sse.send(usage=usage_of(result))
-                await sse.done()
-                return
-            try:
-                delta = await anext(deltas)
-            except TimeoutError:
-                await sse.error(
-                    GatewayError(
-                        504,
-                        f"the answer to request {request_id} did not end within {wait_s:.0f}s",
-                        "timeout",
-                    )
-                )
-                return
 
-
-class _Events:
-    """Writes one SSE stream's events."""
-
-    def __init__(self, response: web.StreamResponse, request_id: str, model: str) -> None:
-        self.response = response
-        self.request_id = request_id
-        self.model = model
-        self.created = int(time.time())
-
-    async def _write(self, data: str) -> None:
-        await self.response.write(f"data: {data}\n\n".encode())
-
-    async def send(
-        self,
-        *,
-        delta: Mapping[str, str] | None = None,
-        finish: str | None = None,
-        usage: Mapping[str, int] | None = None,
-    ) -> None:
-        event = chunk(
-            self.request_id,
-            created=self.created,
-            model=self.model,
-            delta=delta,
-            finish=finish,
-            usage=usage,
-        )
-        await self._write(json.dumps(event))
-
-    async def error(self, error: GatewayError) -> None:
-        """The stream's last event: OpenAI's error object (no [DONE])."""
-        log.info("stream %s ends with an error: %s", self.request_id, error)
-        await self._write(json.dumps(error.body()))
-
-    async def done(self) -> None:
-        await self._write("[DONE]")
+async def _write(response: web.StreamResponse, events: list[str]) -> None:
+    for data in events:
+        await response.write(f"data: {data}\n\n".encode())
 
 
 def _bearer(header: str | None) -> str | None:

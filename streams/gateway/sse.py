@@ -12,8 +12,7 @@ text goes out as it comes. When a restart comes:
   until it gets past what was sent;
 - it contradicts what was sent: the stream ends with an error event
   (``AnswerRestarted``), since the client holds text that is not the
-  answer. The request itself goes on; a retry may get its answer from the
-  cache.
+  answer, and the request is cancelled: the client has to ask again.
 
 Buffering the whole answer would avoid the error but give up streaming's
 point (the first words at once); restarts are rare (a failure or a race),
@@ -22,7 +21,13 @@ and a greedy decode repeats itself, so the first case is the common one.
 
 from __future__ import annotations
 
-__all__ = ["AnswerRestarted", "Stitch"]
+import json
+
+from streams.chunks import StreamDelta
+from streams.gateway.errors import GatewayError, from_error_info
+from streams.gateway.translate import chunk, finish_reason, usage_of
+
+__all__ = ["AnswerRestarted", "ChunkEvents", "Stitch"]
 
 
 class AnswerRestarted(Exception):
@@ -59,3 +64,71 @@ class Stitch:
                 f"laneway's final answer ({len(self.current)} characters) is not the "
                 f"{len(self.sent)} characters sent; send the request again"
             )
+
+
+class ChunkEvents:
+    """The SSE events of one streamed answer, as the ``data`` of each
+    (OpenAI's ``chat.completion.chunk`` objects as JSON, an error object,
+    ``[DONE]``): a role delta first (``start``), then per ``StreamDelta``
+    its text; after the last, a chunk with ``finish_reason``, the usage
+    chunk when asked for and ``[DONE]``. A failure ends the stream with an
+    error event and no ``[DONE]``. ``ended`` once the stream is over."""
+
+    def __init__(self, request_id: str, *, model: str, created: int, include_usage: bool) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.created = created
+        self.include_usage = include_usage
+        self.stitch = Stitch()
+        self.ended = False
+        self.error: GatewayError | None = None
+        """The error the stream ended with, if it did."""
+
+    def _chunk(
+        self,
+        *,
+        delta: dict[str, str] | None = None,
+        finish: str | None = None,
+        usage: dict[str, int] | None = None,
+    ) -> str:
+        event = chunk(
+            self.request_id,
+            created=self.created,
+            model=self.model,
+            delta=delta,
+            finish=finish,
+            usage=usage,
+        )
+        return json.dumps(event)
+
+    def start(self) -> list[str]:
+        return [self._chunk(delta={"role": "assistant", "content": ""})]
+
+    def fail(self, error: GatewayError) -> list[str]:
+        """End the stream with ``error``."""
+        self.ended, self.error = True, error
+        return [json.dumps(error.body())]
+
+    def delta(self, delta: StreamDelta) -> list[str]:
+        """The events a delta makes (see the class docstring)."""
+        if self.ended:
+            return []
+        try:
+            text = self.stitch.feed(delta.text, restart=delta.restart)
+        except AnswerRestarted as exc:
+            return self.fail(GatewayError(502, str(exc), "answer_restarted"))
+        events = [self._chunk(delta={"content": text})] if text else []
+        result = delta.result
+        if result is None:
+            return events
+        if result.error is not None:
+            return events + self.fail(from_error_info(result.error))
+        try:
+            self.stitch.finish()
+        except AnswerRestarted as exc:
+            return events + self.fail(GatewayError(502, str(exc), "answer_restarted"))
+        events.append(self._chunk(delta={}, finish=finish_reason(result.finish_reason)))
+        if self.include_usage:
+            events.append(self._chunk(usage=usage_of(result)))
+        self.ended = True
+        return [*events, "[DONE]"]
