@@ -574,7 +574,10 @@ class BackendSettings(BaseSettings):
     openai_api_key: SecretStr = SecretStr("none")
     openai_timeout_s: float = Field(default=60.0, gt=0)
     vllm_gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
-    """Share of the GPU's memory the in-process vLLM engine may take (weights + KV cache)."""
+    """Share of the GPU's memory the in-process vLLM engine may take (weights +
+    KV cache). 0.8 keeps 20% free for bursts, as the source article asks:
+    activations of long prefills, CUDA graphs, the allocator's fragmentation
+    and whatever else runs on the GPU (docs/operations-gpu.md)."""
     vllm_max_model_len: int | None = Field(default=4096, ge=64)
     """Longest prompt plus answer, in tokens, that the vLLM engine accepts; it
     also sizes the KV cache. ``None`` = the model's own context length, which
@@ -587,6 +590,13 @@ class BackendSettings(BaseSettings):
     vllm_max_num_seqs: int | None = Field(default=None, ge=1)
     """Requests the vLLM engine schedules at once (its ``max_num_seqs``;
     unset: vLLM's default). A registry entry's ``max_batch`` sets it per model."""
+    vllm_kv_concurrency_share: float = Field(default=0.7, gt=0, le=1)
+    """At most this share of the sequences vLLM's KV cache holds at full
+    length (its reported KV cache tokens / ``vllm_max_model_len``) run at
+    once, as the source article asks (under 70%): the rest is room for
+    sequences longer than the average, so a burst of long prompts does not
+    make vLLM preempt (and recompute) running ones
+    (``workers.backends.vllm_headroom``)."""
     vllm_enforce_eager: bool = False
     """Run the vLLM model eagerly: no torch.compile and no CUDA graphs, so it
     loads in seconds but decodes slower (the GPU tests use it; serve without)."""

@@ -124,7 +124,6 @@ class AnswerStream:
         self._full = asyncio.Event()
         self._closed = False
         self._flusher: asyncio.Task[None] | None = None
-        self._acks: list[Awaitable[object]] = []
 
     @property
     def request_id(self) -> str:
@@ -176,11 +175,6 @@ class AnswerStream:
         """No terminal result now (the request was parked for a retry): send
         nothing more; the retry's decode is a new attempt."""
         await self._stop_flushing()
-
-    async def sent(self) -> None:
-        """Wait for the acknowledgement of every chunk queued (tests, bench)."""
-        acks, self._acks = self._acks, []
-        await asyncio.gather(*acks, return_exceptions=True)
 
     # -- inside ---------------------------------------------------------------
 
@@ -236,9 +230,7 @@ class AnswerStream:
             CHUNKS.labels(self.lane, "failed").inc()
             log.warning("a chunk of %s was not produced: %r", self.request_id, exc)
             return
-        self._acks.append(ack)
-        future = asyncio.ensure_future(ack)
-        future.add_done_callback(self._counted)
+        asyncio.ensure_future(ack).add_done_callback(self._counted)
 
     def _counted(self, future: asyncio.Future[object]) -> None:
         failed = future.cancelled() or future.exception() is not None

@@ -17,7 +17,7 @@ import time
 import timeit
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any, Protocol
@@ -66,6 +66,11 @@ class Sample:
     """Model time of the batch that answered it (0 for cache and rules)."""
     code: str = ""
     """The error code of a failed one."""
+    ttft_ms: float | None = None
+    """A streamed request's time to its first chunk with text (``None``: not streamed)."""
+    completion_tokens: int = 0
+    chunks: int = 0
+    """``result_chunk`` records read for it (a streamed request)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,9 @@ class Row:
     p95_ms: float
     p99_ms: float
     mean_batch: float
+    ttft_p50_ms: float | None = None
+    """Of the streamed requests' time to first token (``None``: none streamed)."""
+    ttft_p99_ms: float | None = None
 
 
 def mixed_workload(n: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -115,6 +123,7 @@ def summarize(samples: Sequence[Sample], started_at: float) -> list[Row]:
     rows = []
     for (lane, path), group in sorted(groups.items(), key=lambda kv: (kv[0][0] == "all", kv[0])):
         latencies = sorted(s.latency_ms for s in group)
+        firsts = sorted(s.ttft_ms for s in group if s.ttft_ms is not None)
         window = max(max(s.finished_at for s in group) - started_at, 1e-9)
         rows.append(
             Row(
@@ -127,22 +136,33 @@ def summarize(samples: Sequence[Sample], started_at: float) -> list[Row]:
                 p95_ms=_percentile(latencies, 0.95),
                 p99_ms=_percentile(latencies, 0.99),
                 mean_batch=statistics.fmean(s.batch_size for s in group),
+                ttft_p50_ms=_percentile(firsts, 0.50) if firsts else None,
+                ttft_p99_ms=_percentile(firsts, 0.99) if firsts else None,
             )
         )
     return rows
 
 
 def format_table(rows: Sequence[Row]) -> str:
+    """One line per lane and path; with the time to first token (p50, p99)
+    beside the total when any request was streamed."""
+    streamed = any(r.ttft_p50_ms is not None for r in rows)
     head = (
         f"{'lane':9} {'path':6} {'n':>5} {'err':>4} {'req/s':>8} "
         f"{'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'batch':>6}"
     )
+    if streamed:
+        head += f" {'ttft p50':>9} {'ttft p99':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(
+        line = (
             f"{r.lane:9} {r.path:6} {r.count:5d} {r.errors:4d} {r.throughput_rps:8.2f} "
             f"{r.p50_ms:9.1f} {r.p95_ms:9.1f} {r.p99_ms:9.1f} {r.mean_batch:6.2f}"
         )
+        if streamed:
+            p50, p99 = r.ttft_p50_ms, r.ttft_p99_ms
+            line += f" {p50:9.1f} {p99:9.1f}" if p50 is not None and p99 is not None else ""
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -187,7 +207,14 @@ def overload_workload(
 
 
 class BenchClient(Protocol):
-    async def submit(self, request: dict[str, Any]) -> asyncio.Future[InferenceResult]: ...
+    async def submit(
+        self, request: dict[str, Any], *, on_chunk: Callable[[Any], None] | None = None
+    ) -> asyncio.Future[InferenceResult]: ...
+
+
+def chunk_text(chunk: Any) -> str:
+    """The text of a chunk as either client hands it over (model or dict)."""
+    return str(chunk.get("delta", "") if isinstance(chunk, dict) else chunk.delta)
 
 
 CLIENTS = ("sdk", "plain")
@@ -223,10 +250,12 @@ async def drive(
     concurrency: int,
     timeout_s: float,
     client_kind: str = "sdk",
+    stream: bool = False,
 ) -> tuple[list[Sample], float, int]:
     """Send every request with at most ``concurrency`` in flight, through a
-    client of ``client_kind``. Returns samples, the start time and how many
-    got no answer (lost)."""
+    client of ``client_kind`` (``stream``: each with ``stream: true``, its
+    time to first token measured when its first chunk with text is read).
+    Returns samples, the start time and how many got no answer (lost)."""
     samples: list[Sample] = []
     lost = 0
     gate = asyncio.Semaphore(concurrency)
@@ -237,8 +266,20 @@ async def drive(
         async def one(i: int, request: dict[str, Any]) -> None:
             nonlocal lost
             async with gate:
+                first: list[float] = []
+                chunks = 0
+
+                def on_chunk(chunk: Any) -> None:
+                    nonlocal chunks
+                    chunks += 1
+                    if not first and chunk_text(chunk):
+                        first.append(time.perf_counter())
+
                 sent = time.perf_counter()
-                future = await client.submit({"id": f"bench-{i}-{uuid.uuid4().hex[:6]}", **request})
+                future = await client.submit(
+                    {"id": f"bench-{i}-{uuid.uuid4().hex[:6]}", **request, "stream": stream},
+                    on_chunk=on_chunk if stream else None,
+                )
                 try:
                     result: InferenceResult = await asyncio.wait_for(future, timeout_s)
                 except TimeoutError:
@@ -255,6 +296,9 @@ async def drive(
                         finished_at=done,
                         inference_ms=result.timings.inference_ms,
                         code=result.error.code if result.error else "",
+                        ttft_ms=(first[0] - sent) * 1000 if first else None,
+                        completion_tokens=result.usage.completion_tokens,
+                        chunks=chunks,
                     )
                 )
 
@@ -437,7 +481,14 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
         else:
             requests = mixed_workload(args.requests, args.max_tokens)
             samples, started, lost = asyncio.run(
-                drive(running, requests, args.concurrency, timeout_s=300, client_kind=args.client)
+                drive(
+                    running,
+                    requests,
+                    args.concurrency,
+                    timeout_s=300,
+                    client_kind=args.client,
+                    stream=args.stream,
+                )
             )
     if args.overload:
         print(
@@ -456,8 +507,16 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
     print(
         f"\nlaneway bench: {len(requests)} requests, concurrency {args.concurrency}, "
         f"max_tokens {args.max_tokens}"
+        + (", streamed (ttft: time to first token)" if args.stream else "")
     )
     print(format_table(rows))
+    for row in rows:
+        if row.lane == "realtime" and row.path == "light" and row.ttft_p50_ms is not None:
+            share = row.ttft_p50_ms / max(row.p50_ms, 1e-9)
+            print(
+                f"realtime light: ttft p50 {row.ttft_p50_ms:.1f} ms is {share:.0%} "
+                f"of the total's p50 {row.p50_ms:.1f} ms"
+            )
     rules_rows = [r for r in rows if r.path == "rules"]
     direct = direct_rule_ms(settings)
     if rules_rows:

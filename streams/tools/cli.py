@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--deadline-ms", type=int)
     ask.add_argument("--max-tokens", type=int, default=64)
     ask.add_argument("--timeout-s", type=float, default=120.0)
+    ask.add_argument(
+        "--stream", action="store_true", help="print the answer as it is generated, then its result"
+    )
 
     from streams.tools.distill_cli import add_distill_parser
 
@@ -99,6 +102,19 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", type=int, default=16)
     bench.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
     bench.add_argument("--overload", action="store_true", help="offer 1x/2x/3x capacity, open loop")
+    bench.add_argument(
+        "--stream",
+        action="store_true",
+        help="the mix with stream: true: time to first token beside the total, per lane and path",
+    )
+    bench.add_argument(
+        "--stream-cost",
+        action="store_true",
+        help="model answers' tokens/s streamed against not streamed, alternated on one stack",
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=2, help="--stream-cost: legs of each kind, alternated"
+    )
     bench.add_argument(
         "--client",
         choices=["sdk", "plain"],
@@ -201,6 +217,9 @@ def _parser() -> argparse.ArgumentParser:
 
     add_gateway_parser(sub)
     add_keys_parser(sub)
+    from streams.doctor.cli import add_doctor_parser
+
+    add_doctor_parser(sub)
     check = sub.add_parser("check", help="load every configured model and run one inference each")
     check.add_argument(
         "--path", action="append", help="a model path to check (repeatable); default: every path"
@@ -377,9 +396,20 @@ def _ask(settings: Settings, args: argparse.Namespace) -> int:
                 fields["lane"] = args.lane
             if args.deadline_ms:
                 fields["deadline_ms"] = args.deadline_ms
-            result = await client.ask(args.prompt, timeout_s=args.timeout_s, **fields)
-            print(result_summary(result))
-            return 0 if result.status == "ok" else 1
+            if not args.stream:
+                result = await client.ask(args.prompt, timeout_s=args.timeout_s, **fields)
+                print(result_summary(result))
+                return 0 if result.status == "ok" else 1
+            final = None
+            async for delta in client.stream(args.prompt, timeout_s=args.timeout_s, **fields):
+                if delta.restart:
+                    print("\n[the answer was restarted by another attempt]", flush=True)
+                print(delta.text, end="", flush=True)
+                final = delta.result
+            print()
+            assert final is not None  # the stream ends with its result
+            print(result_summary(final).splitlines()[0], f"finish={final.finish_reason}")
+            return 0 if final.status == "ok" else 1
 
     return asyncio.run(ask())
 
@@ -424,6 +454,11 @@ def _bench(settings: Settings, args: argparse.Namespace) -> int:
         from streams.tools.bench_batch import run_batch_bench
 
         return run_batch_bench(settings, args)
+
+    if args.stream_cost:
+        from streams.tools.bench_stream import stream_cost
+
+        return stream_cost(settings, args)
 
     return run_bench(settings, args)
 
@@ -502,6 +537,12 @@ def _keys(settings: Settings, args: argparse.Namespace) -> int:
     return run_keys(settings, args)
 
 
+def _doctor(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.doctor.cli import run_doctor
+
+    return run_doctor(settings, args)
+
+
 def _demo(settings: Settings, args: argparse.Namespace) -> int:
     from streams.tools.demo import run_demo
 
@@ -526,6 +567,7 @@ _COMMANDS = {
     "distill": _distill,
     "gateway": _gateway,
     "keys": _keys,
+    "doctor": _doctor,
 }
 
 if __name__ == "__main__":

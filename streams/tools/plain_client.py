@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -41,6 +42,7 @@ class PlainClient:
         self._producer = AIOKafkaProducer(**connection)
         self._consumer = AIOKafkaConsumer(**connection)
         self._pending: dict[str, asyncio.Future[InferenceResult]] = {}
+        self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._reader: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> PlainClient:
@@ -73,10 +75,18 @@ class PlainClient:
         for future in self._pending.values():
             future.cancel()
 
-    async def submit(self, request: dict[str, Any]) -> asyncio.Future[InferenceResult]:
+    async def submit(
+        self,
+        request: dict[str, Any],
+        *,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    ) -> asyncio.Future[InferenceResult]:
         """Produce ``request`` (it must carry an ``id``) keyed by its id,
-        replies to this client; the future resolves with the first reply."""
+        replies to this client; the future resolves with the first reply.
+        ``on_chunk`` gets each ``result_chunk`` of a streamed request, as JSON."""
         rid = str(request["id"])
+        if on_chunk is not None:
+            self._listeners[rid] = on_chunk
         future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
         body = json.dumps({"reply_to": self.reply_to, **request}).encode()
@@ -86,9 +96,16 @@ class PlainClient:
     async def _read(self) -> None:
         async for record in self._consumer:
             try:
-                result = InferenceResult.model_validate_json(record.value or b"")
+                message = json.loads(record.value or b"")
+                if isinstance(message, dict) and message.get("object") == "result_chunk":
+                    listener = self._listeners.get(str(message.get("id")))
+                    if listener is not None:
+                        listener(message)
+                    continue
+                result = InferenceResult.model_validate(message)
             except ValueError:
                 continue  # not a result: nobody's answer, and no reason to stop reading
+            self._listeners.pop(result.id, None)
             future = self._pending.pop(result.id, None)  # a second reply is a duplicate
             if future is not None and not future.done():
                 future.set_result(result)

@@ -30,6 +30,8 @@ from tests.integration.conftest import CHILD_ENV, read_topic
 S = BatchJobStatus
 RULE_PROMPTS = ["Hello!", "Thanks a lot!", "What are your opening hours?", "hi there"]
 MODEL_PROMPT = "Name one colour."
+LONG_PROMPT = "Write a long story about a dragon."
+"""A model answer that 4 tokens cut short: its output line says ``length``."""
 
 
 def line(custom_id: str, prompt: str, max_tokens: int = 4) -> dict[str, Any]:
@@ -108,7 +110,7 @@ async def test_a_200_line_file_completes_in_input_order_with_errors_by_line(
         if n in bad_lines:
             rows.append(bad_lines[n])
             continue
-        prompt = MODEL_PROMPT if n in (50, 150) else RULE_PROMPTS[n % len(RULE_PROMPTS)]
+        prompt = {50: MODEL_PROMPT, 150: LONG_PROMPT}.get(n, RULE_PROMPTS[n % len(RULE_PROMPTS)])
         rows.append(line(f"c-{n}", prompt))
     path = write_jsonl(tmp_path / "in.jsonl", rows)
 
@@ -142,6 +144,8 @@ async def test_a_200_line_file_completes_in_input_order_with_errors_by_line(
     # (a 4-token answer of the tiny heavy model can be blank; a rule's never is)
     assert all(r["response"]["output"] for r in results if r["custom_id"] not in ("c-50", "c-150"))
     models = {r["custom_id"]: r["response"]["model"] for r in results}
+    reasons = {r["custom_id"]: r["response"]["finish_reason"] for r in results}
+    assert reasons["c-4"] == "stop" and reasons["c-150"] == "length"
     assert models["c-4"].startswith("rules:")
     assert not models["c-50"].startswith("rules:")  # a model's answer (or its cache entry)
     errors = read_jsonl(tmp_path / "out.errors.jsonl")

@@ -54,6 +54,7 @@ from workers.backends.base import (
     until_unwanted,
 )
 from workers.backends.pieces import AnswerPieces
+from workers.backends.vllm_headroom import SequenceGate, concurrency_limit
 
 __all__ = [
     "DeltaJoin",
@@ -274,6 +275,9 @@ class VLLMBackend:
         self._stops: tuple[str, ...] = ()
         self._max_model_len = 0
         self._ids = itertools.count()
+        self._gate = SequenceGate(None)
+        """The article's headroom: requests in the engine at once, at most
+        ``vllm_kv_concurrency_share`` of what its KV cache holds."""
 
     async def load(self) -> None:
         """Build the engine here, on the event loop's (main) thread, as vLLM's
@@ -316,6 +320,7 @@ class VLLMBackend:
 
             self._transcript, self._stops = as_transcript, TRANSCRIPT_STOPS
         self._max_model_len = int(engine.model_config.max_model_len)
+        self._gate = SequenceGate(concurrency_limit(engine, self._settings, self._max_model_len))
         self._vllm = {
             "SamplingParams": SamplingParams,
             "tokens_input": tokens_input,
@@ -364,17 +369,23 @@ class VLLMBackend:
         strip = self._transcript is not None
         joined = DeltaJoin(item.on_text, strip=strip) if item.on_text is not None else None
         kind = self._vllm["FINAL_ONLY"] if joined is None else self._vllm["DELTA"]
-        try:
-            params = self._vllm["SamplingParams"](**options, output_kind=kind)
-            stream = engine.generate(self._vllm["tokens_input"](ids), params, request_id)
-            final = await last_before_deadline(
-                stream,
-                item.deadline,
-                lambda: engine.abort(request_id),
-                joined.add if joined is not None else None,
-            )
-        except Exception as exc:
-            return map_vllm_exception(exc)
+        async with self._gate.slot(item.deadline) as admitted:
+            if not admitted:
+                return DeadlineExceeded(
+                    "deadline passed waiting for a vLLM sequence slot "
+                    "(LANEWAY_BACKEND_VLLM_KV_CONCURRENCY_SHARE)"
+                )
+            try:
+                params = self._vllm["SamplingParams"](**options, output_kind=kind)
+                stream = engine.generate(self._vllm["tokens_input"](ids), params, request_id)
+                final = await last_before_deadline(
+                    stream,
+                    item.deadline,
+                    lambda: engine.abort(request_id),
+                    joined.add if joined is not None else None,
+                )
+            except Exception as exc:
+                return map_vllm_exception(exc)
         if final is None:
             return BackendUnavailable("vLLM ended the request without an output")
         if isinstance(final, DeadlineExceeded):

@@ -176,3 +176,45 @@ def test_a_metric_is_summed_over_its_labels_from_a_process_metrics() -> None:
         server.shutdown()
         thread.join()
     assert metric_total(port, "laneway_decodes_stopped_total") is None, "no one answers"
+
+
+def test_streamed_samples_put_time_to_first_token_beside_the_total() -> None:
+    from streams.tools.bench import Sample, format_table, summarize
+
+    samples = [
+        Sample(
+            "realtime",
+            "light",
+            "ok",
+            latency_ms=400.0 + i,
+            batch_size=1,
+            finished_at=1.0,
+            ttft_ms=50.0 + i,
+        )
+        for i in range(10)
+    ] + [Sample("realtime", "rules", "ok", latency_ms=10.0, batch_size=1, finished_at=1.0)]
+    rows = {(r.lane, r.path): r for r in summarize(samples, started_at=0.0)}
+    light = rows[("realtime", "light")]
+    assert light.ttft_p50_ms == 54.0 and light.ttft_p99_ms == 59.0 and light.p50_ms == 404.0
+    assert rows[("realtime", "rules")].ttft_p50_ms is None
+    table = format_table(list(rows.values()))
+    assert "ttft p50" in table.splitlines()[0]
+
+
+def test_a_stream_cost_leg_counts_the_tokens_of_its_answers_over_its_time() -> None:
+    from streams.tools.bench import NO_CACHE, Sample
+    from streams.tools.bench_stream import leg_of, model_workload
+
+    samples = [
+        Sample(
+            "medium", "light", "ok", 100.0, 1, finished_at=12.0, completion_tokens=60, ttft_ms=20.0
+        ),
+        Sample(
+            "medium", "light", "ok", 300.0, 1, finished_at=10.0, completion_tokens=40, ttft_ms=30.0
+        ),
+        Sample("medium", "light", "error", 5.0, 1, finished_at=11.0),
+    ]
+    leg = leg_of(samples, started=2.0, lost=0, streamed=True)
+    assert (leg.answered, leg.errors, leg.tokens, leg.seconds) == (2, 1, 100, 10.0)
+    assert leg.tokens_per_s == 10.0 and leg.ttft_p50_ms == 20.0
+    assert all(r["metadata"] == NO_CACHE for r in model_workload(10, 8))

@@ -239,3 +239,26 @@ def test_the_tracker_reads_only_records_that_name_a_batch() -> None:
     ]
     assert results[0][2] == ok
     assert requests == [("native", "q1")]
+
+
+def test_an_output_line_says_why_its_answer_ended() -> None:
+    running = job(S.IN_PROGRESS, total=2)
+    cut = InferenceResult(
+        id="r1",
+        status="ok",
+        output="Once upon a",
+        finish_reason="length",
+        usage=Usage(prompt_tokens=9, completion_tokens=3),
+    )
+    row = output_line(running, 1, "a", "r1", cut)
+    assert row["response"]["finish_reason"] == "length"
+    assert row["response"]["usage"]["total_tokens"] == 12
+    openai = running.model_copy(update={"format": "openai"})
+    body = output_line(openai, 1, "a", "r1", cut)["response"]["body"]
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
+    older = cut.model_copy(update={"finish_reason": None})  # written before results said why
+    assert (
+        output_line(openai, 1, "a", "r1", older)["response"]["body"]["choices"][0]["finish_reason"]
+        == "stop"
+    )

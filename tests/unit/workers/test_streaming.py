@@ -179,8 +179,12 @@ async def test_attempts_are_numbered_per_request_and_fail_open() -> None:
     assert [await local.next("a"), await local.next("a"), await local.next("b")] == [1, 2, 1]
 
     import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
 
-    unreachable = aioredis.Redis(host="127.0.0.1", port=9, socket_connect_timeout=0.2)
+    unreachable = aioredis.Redis(
+        host="127.0.0.1", port=9, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
     attempts = StreamAttempts(unreachable, prefix="t", ttl_s=60)
     assert await attempts.next("a") is None
     produced = Produced()

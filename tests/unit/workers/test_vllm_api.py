@@ -168,3 +168,15 @@ def test_vllms_platform_without_a_device_is_told_apart(vllm: ModuleType) -> None
 
     assert platform_problem(UnspecifiedPlatform()) is not None
     assert isinstance(current_platform.is_unspecified(), bool)
+
+
+def test_the_cache_config_names_what_the_headroom_reads(vllm: ModuleType) -> None:
+    """``workers.backends.vllm_headroom.kv_cache_tokens`` reads
+    ``vllm_config.cache_config.num_gpu_blocks`` and ``.block_size``."""
+    import dataclasses
+
+    from vllm.config import CacheConfig, VllmConfig
+
+    names = {f.name for f in dataclasses.fields(CacheConfig)}
+    assert {"num_gpu_blocks", "block_size"} <= names
+    assert "cache_config" in {f.name for f in dataclasses.fields(VllmConfig)}
