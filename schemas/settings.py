@@ -23,6 +23,7 @@ __all__ = [
     "ClassifierSettings",
     "DriftSettings",
     "FlowSettings",
+    "GatewaySettings",
     "KafkaSettings",
     "LaneSettings",
     "LimitsSettings",
@@ -655,6 +656,43 @@ class StreamSettings(BaseSettings):
     is answered as usual."""
 
 
+class GatewaySettings(BaseSettings):
+    """The OpenAI-compatible HTTP gateway (``laneway gateway``,
+    ``streams.gateway``): an HTTP front of the request topic."""
+
+    model_config = _config("LANEWAY_GATEWAY_")
+
+    host: str = "127.0.0.1"
+    """Address the OpenAI API listens on (``0.0.0.0``: every interface)."""
+    port: int = Field(default=8080, ge=0, le=65535)
+    """Port of the OpenAI API (``/v1``); 0 picks a free one. ``/metrics``,
+    ``/healthz`` and ``/readyz`` are on ``LANEWAY_HTTP_PORT``, as in every
+    laneway process."""
+    keys_file: FsPath | None = None
+    """The API keys (``laneway keys add``): a JSON file of sha256 hashes,
+    each with its tenant and limits. Unset or without keys: any key (or none)
+    is accepted as ``default_tenant``, and the gateway says so at start."""
+    default_tenant: str | None = None
+    """The tenant of requests while no keys are configured (unset: none)."""
+    timeout_s: float = Field(default=120.0, gt=0, le=3_600)
+    """Longest the gateway waits for a request's answer (for a stream: for
+    its next piece) when the request names no deadline; then it answers 504
+    and cancels the request."""
+    deadline_grace_s: float = Field(default=5.0, ge=0, le=600)
+    """A request with a deadline (``X-Laneway-Deadline-Ms``) is waited for
+    that long plus this (laneway answers INF-503 itself at the deadline; the
+    grace covers the trip back), never longer than ``timeout_s``."""
+    client_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    """The gateway's client id and so its reply topic ``<prefix>.replies.<id>``.
+    Unset: ``gateway-<host>-<random>``, new at each start, so replicas never
+    share a reply topic (each replica's topic stays behind when it stops)."""
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Largest request body accepted (413 above)."""
+    keys_reload_s: float = Field(default=2.0, gt=0)
+    """How often the keys file is checked for changes (``laneway keys add``
+    takes effect without a restart)."""
+
+
 class TracingSettings(BaseSettings):
     """Export of laneway's trace spans over OTLP/HTTP (``streams.kafka.otlp``):
     off, nothing recorded, unless an endpoint is configured."""
@@ -735,6 +773,7 @@ class Settings(BaseSettings):
     backend: BackendSettings = Field(default_factory=BackendSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     stream: StreamSettings = Field(default_factory=StreamSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     realtime: LaneSettings = Field(default_factory=RealtimeLaneSettings)
     medium: LaneSettings = Field(default_factory=MediumLaneSettings)
     bulk: LaneSettings = Field(default_factory=BulkLaneSettings)

@@ -25,7 +25,7 @@ import socket
 import sys
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
 
@@ -220,7 +220,7 @@ class LanewayClient:
         messages: Sequence[ChatMessage | Mapping[str, str]] | None = None,
         timeout_s: float = 60.0,
         **fields: Any,
-    ) -> AsyncIterator[StreamDelta]:
+    ) -> AsyncGenerator[StreamDelta, None]:
         """Submit one prompt (or chat ``messages``) with ``stream: true`` and
         yield its answer's text as it is generated::
 
@@ -264,6 +264,12 @@ class LanewayClient:
             if not assembler.done and self._producer is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.cancel(request_id))
+
+    def forget(self, request_id: str) -> None:
+        """Stop waiting for ``request_id`` (a caller that gave up on it): its
+        future and chunk listener are dropped; a late reply is ignored."""
+        self._pending.pop(request_id, None)
+        self._listeners.pop(request_id, None)
 
     async def cancel(self, request_id: str) -> None:
         """Say that the answer to ``request_id`` is no longer wanted: a

@@ -70,6 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--http-port-base", type=int, default=9400, help="classifier port; workers follow"
     )
+    up.add_argument(
+        "--gateway-port",
+        type=int,
+        default=None,
+        help="the OpenAI-compatible API's port (default: LANEWAY_GATEWAY_PORT, 8080; 0: free)",
+    )
+    up.add_argument("--no-gateway", action="store_true", help="start no HTTP gateway")
     _add_log_arguments(up)
 
     ask = sub.add_parser("ask", help="ask one question through a running stack")
@@ -206,6 +213,10 @@ def _parser() -> argparse.ArgumentParser:
     from streams.tools.models_cli import add_models_parser
 
     add_models_parser(sub)
+    from streams.gateway.cli import add_gateway_parser, add_keys_parser
+
+    add_gateway_parser(sub)
+    add_keys_parser(sub)
     from streams.doctor.cli import add_doctor_parser
 
     add_doctor_parser(sub)
@@ -338,6 +349,9 @@ def _up(settings: Settings, args: argparse.Namespace) -> int:
         use_external_redis="url" in settings.redis.model_fields_set,
         http_port_base=args.http_port_base,
         log_path=_quiet(settings, args),
+        gateway_port=None
+        if args.no_gateway
+        else (settings.gateway.port if args.gateway_port is None else args.gateway_port),
     )
     # Until run() takes over signals, SIGTERM unwinds through start()'s cleanup.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -507,6 +521,22 @@ def _check(settings: Settings, args: argparse.Namespace) -> int:
     return run_check(settings, args.path, as_json=args.json)
 
 
+def _gateway(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.gateway.cli import gateway_settings
+    from streams.gateway.server import serve_gateway
+
+    settings = gateway_settings(settings, args)
+    with _ops_endpoints(settings) as state:
+        asyncio.run(serve_gateway(settings, state))
+    return 0
+
+
+def _keys(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.gateway.cli import run_keys
+
+    return run_keys(settings, args)
+
+
 def _doctor(settings: Settings, args: argparse.Namespace) -> int:
     from streams.doctor.cli import run_doctor
 
@@ -535,6 +565,8 @@ _COMMANDS = {
     "check": _check,
     "models": _models,
     "distill": _distill,
+    "gateway": _gateway,
+    "keys": _keys,
     "doctor": _doctor,
 }
 

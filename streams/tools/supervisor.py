@@ -45,6 +45,8 @@ class Child:
     name: str
     args: list[str]
     http_port: int
+    env: dict[str, str] = field(default_factory=dict)
+    """Settings of this child alone (the gateway's port)."""
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -77,11 +79,14 @@ class Stack:
         child_env: dict[str, str] | None = None,
         workers_only: bool = False,
         log_path: Path | None = None,
+        gateway_port: int | None = None,
     ) -> None:
         """``lanes``: a worker for each (a lane named twice gets two, in
         one consumer group). ``workers_only``: the lane workers alone, no classifier, router or
         batch tracker (a benchmark of the workers' share). ``log_path``: the
-        children's output goes there, and ``out`` gets status lines only."""
+        children's output goes there, and ``out`` gets status lines only.
+        ``gateway_port``: also the OpenAI-compatible gateway, its API on
+        that port (0: a free one)."""
         self.broker = EmbeddedBroker(
             kafka_port, log_path=log_dir / "tansu.log" if log_dir else None
         )
@@ -107,6 +112,13 @@ class Stack:
             # Counts batch jobs' results (streams.jobs.tracker): 9405.
             Child("batch-tracker", ["batch", "tracker"], ports[len(lanes) + 2]),
         ]
+        self.gateway_port: int | None = None
+        if gateway_port is not None and not workers_only:
+            # The OpenAI-compatible HTTP gateway (streams.gateway): ops on 9406.
+            self.gateway_port = gateway_port or free_port()
+            gateway_env = {"LANEWAY_GATEWAY_PORT": str(self.gateway_port)}
+            ops_port = http_port_base + len(lanes) + 3 if http_port_base else free_port()
+            self.children.append(Child("gateway", ["gateway"], ops_port, env=gateway_env))
         if workers_only:
             self.children = [c for c in self.children if c.name.startswith("worker-")]
         self._stopping = False
@@ -157,6 +169,10 @@ class Stack:
         self._status(f"redis: {_without_password(settings.redis.url)}")
         for child in self.children:
             self._detail(f"{child.name}: http://127.0.0.1:{child.http_port}/metrics")
+        if any(child.name == "gateway" for child in self.children):
+            host = settings.gateway.host
+            shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+            self._status(f"openai: http://{shown}:{self.gateway_port}/v1")
         return self
 
     def _explain(self, exc: BaseException) -> None:
@@ -184,6 +200,7 @@ class Stack:
         return {
             **os.environ,
             **self._child_env,
+            **child.env,
             "LANEWAY_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
             "LANEWAY_REDIS_URL": settings.redis.url,
             "LANEWAY_HTTP_PORT": str(child.http_port),

@@ -1,0 +1,353 @@
+"""The gateway's HTTP routes (aiohttp):
+
+- ``POST /v1/chat/completions``: a ``chat.completion``, or with
+  ``stream: true`` server-sent ``chat.completion.chunk`` events ending in
+  ``data: [DONE]`` (an error event instead when the stream fails mid-way);
+- ``GET /v1/models`` and ``GET /v1/models/{id}``: ``auto`` and the model
+  registry's paths.
+
+Every request names its API key (``Authorization: Bearer``), which names
+its tenant and limits; the gateway sets the request's ``tenant``. One
+``LanewayClient`` carries every request, on the gateway's own reply topic.
+A client that goes away cancels its request (the decode stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from schemas.messages import InferenceRequest, InferenceResult
+from schemas.settings import GatewaySettings
+from streams.chunks import StreamDelta
+from streams.classify.registry import ModelRegistry
+from streams.client import LanewayClient
+from streams.gateway import metrics
+from streams.gateway.errors import GatewayError, from_error_info
+from streams.gateway.keys import ApiKey, KeyRing
+from streams.gateway.limiter import MinuteLimiter
+from streams.gateway.sse import ChunkEvents
+from streams.gateway.translate import (
+    AUTO_MODEL,
+    Knobs,
+    completion,
+    knobs_from_headers,
+    laneway_headers,
+    parse_request,
+    to_request,
+)
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Gateway:
+    """The routes, over one started ``LanewayClient``."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        client: LanewayClient,
+        keys: KeyRing,
+        registry: ModelRegistry,
+        *,
+        default_tenant: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.keys = keys
+        self.registry = registry
+        self.default_tenant = default_tenant
+        self.limiter = MinuteLimiter()
+        self._clock = clock
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[self._errors], client_max_size=self.settings.max_body_bytes
+        )
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.model)
+        return app
+
+    # -- middleware ----------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Errors as OpenAI's error object; request counts and latency."""
+        begun = time.perf_counter()
+        resource = request.match_info.route.resource
+        endpoint = resource.canonical if resource is not None else "other"
+        try:
+            response = await handler(request)
+        except GatewayError as exc:
+            response = _error_response(exc)
+        except web.HTTPException as exc:
+            code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+            response = _error_response(
+                GatewayError(exc.status, exc.reason, code.get(exc.status, str(exc.status)))
+            )
+        except asyncio.CancelledError:  # the client went away (its request is cancelled)
+            metrics.REQUESTS.labels(endpoint, "499").inc()
+            raise
+        except Exception:
+            log.exception("%s %s failed", request.method, request.path)
+            response = _error_response(
+                GatewayError(500, "the gateway failed; see its log", "internal_error")
+            )
+        status = str(response.status)
+        metrics.REQUESTS.labels(endpoint, status).inc()
+        metrics.REQUEST_SECONDS.labels(endpoint, status).observe(time.perf_counter() - begun)
+        return response
+
+    # -- keys and limits -------------------------------------------------------
+
+    def _key(self, request: web.Request) -> ApiKey | None:
+        """The caller's key; ``None`` while no keys are configured (any
+        key is accepted). 401 for a key the gateway does not know."""
+        presented = _bearer(request.headers.get("Authorization"))
+        found = self.keys.lookup(presented)
+        if found is not None or self.keys.open:
+            return found
+        raise GatewayError(
+            401,
+            "Incorrect API key provided." if presented else "No API key provided.",
+            "invalid_api_key",
+        )
+
+    def _admit(self, key: ApiKey | None) -> None:
+        if key is None:
+            return
+        wait_s = self.limiter.admit(key.id, rpm=key.rpm, tpm=key.tpm, now=self._clock())
+        if wait_s is not None:
+            used, tokens = self.limiter.used(key.id, now=self._clock())
+            raise GatewayError(
+                429,
+                f"tenant {key.tenant!r} is over its limit (key {key.id}: {used}/{key.rpm} "
+                f"requests and {tokens}/{key.tpm} tokens in the last minute); "
+                f"try again in {wait_s:.1f}s",
+                "INF-429",
+                retry_after_ms=max(1, round(wait_s * 1000)),
+            )
+
+    def _spend(self, key: ApiKey | None, result: InferenceResult) -> None:
+        tenant = key.tenant if key is not None else (self.default_tenant or "")
+        metrics.TOKENS.labels(tenant).inc(result.usage.total_tokens)
+        if key is not None:
+            self.limiter.spend(key.id, result.usage.total_tokens, now=self._clock())
+
+    def _wait_s(self, knobs: Knobs) -> float:
+        """How long to wait for an answer: the deadline and a grace, never
+        more than the gateway's own bound."""
+        bound = self.settings.timeout_s
+        if knobs.deadline_ms is not None:
+            return min(bound, knobs.deadline_ms / 1000 + self.settings.deadline_grace_s)
+        return bound
+
+    # -- routes -----------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        self._key(request)
+        return web.json_response({"object": "list", "data": self._model_list()})
+
+    async def model(self, request: web.Request) -> web.Response:
+        self._key(request)
+        name = request.match_info["model"]
+        for entry in self._model_list():
+            if entry["id"] == name:
+                return web.json_response(entry)
+        raise GatewayError(404, f"The model {name!r} does not exist", "model_not_found", "model")
+
+    def _model_list(self) -> list[dict[str, Any]]:
+        data: list[dict[str, Any]] = [
+            {
+                "id": AUTO_MODEL,
+                "object": "model",
+                "created": 0,
+                "owned_by": "laneway",
+                "laneway": {"router": "laneway's router picks the path per request"},
+            }
+        ]
+        for path in self.registry.model_paths:
+            versions = [
+                {"version": m.version, "name": m.name, "backend": m.backend, "state": m.state}
+                for m in self.registry.versions(path)
+            ]
+            data.append(
+                {
+                    "id": path.value,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "laneway",
+                    "laneway": {"path": path.value, "versions": versions},
+                }
+            )
+        return data
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        received = time.perf_counter()
+        key = self._key(request)
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            raise GatewayError(400, f"the body is not JSON: {exc}", "INF-400") from None
+        if not isinstance(body, Mapping):
+            raise GatewayError(400, "the body must be a JSON object", "INF-400")
+        knobs = knobs_from_headers(request.headers)
+        request_id = f"gw-{uuid.uuid4().hex}"
+        tenant = key.tenant if key is not None else self.default_tenant
+        fields = to_request(
+            body, request_id=request_id, tenant=tenant, reply_to=self.client.reply_to, knobs=knobs
+        )
+        parsed = parse_request(fields)
+        self._admit(key)
+        asked = body.get("model") or AUTO_MODEL
+        if parsed.stream:
+            return await self._stream(request, parsed, key, knobs, str(asked), received)
+        return await self._complete(parsed, key, knobs, str(asked))
+
+    async def _complete(
+        self, parsed: InferenceRequest, key: ApiKey | None, knobs: Knobs, asked: str
+    ) -> web.Response:
+        wait_s = self._wait_s(knobs)
+        future = await self.client.submit(parsed)
+        try:
+            result = await asyncio.wait_for(future, wait_s)
+        except TimeoutError:
+            await self._give_up(parsed.id)
+            raise GatewayError(
+                504,
+                f"no answer to request {parsed.id} within {wait_s:.0f}s "
+                f"(waited for its result on {self.client.reply_to})",
+                "timeout",
+            ) from None
+        except asyncio.CancelledError:  # the client went away
+            await asyncio.shield(self._give_up(parsed.id))
+            raise
+        self._spend(key, result)
+        headers = laneway_headers(
+            request_id=parsed.id,
+            lane=result.lane,
+            path=result.path,
+            model=result.model,
+            version=result.version,
+        )
+        if result.status == "error" or result.error is not None:
+            assert result.error is not None
+            error = from_error_info(result.error)
+            return _error_response(error, headers)
+        return web.json_response(
+            completion(result, created=int(time.time()), model=asked), headers=headers
+        )
+
+    async def _give_up(self, request_id: str) -> None:
+        """Stop waiting for a request and cancel it (its decode stops)."""
+        self.client.forget(request_id)
+        try:
+            await self.client.cancel(request_id)
+        except Exception as exc:
+            log.warning("could not cancel %s: %s", request_id, exc)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        parsed: InferenceRequest,
+        key: ApiKey | None,
+        knobs: Knobs,
+        asked: str,
+        received: float,
+    ) -> web.StreamResponse:
+        wait_s = self._wait_s(knobs)
+        fields = parsed.model_dump(exclude_unset=True, exclude={"messages", "stream"})
+        messages = [m.model_dump() for m in parsed.messages or ()]
+        deltas = self.client.stream(messages=messages, timeout_s=wait_s, **fields)
+        include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+        async with contextlib.aclosing(deltas):  # leaving early cancels the request
+            try:
+                first = await anext(deltas)
+            except TimeoutError:
+                raise GatewayError(
+                    504,
+                    f"no part of the answer to request {parsed.id} within {wait_s:.0f}s "
+                    f"(waited on {self.client.reply_to})",
+                    "timeout",
+                ) from None
+            if first.result is not None:
+                self._spend(key, first.result)
+                if first.result.error is not None:  # nothing sent yet: a plain error
+                    return _error_response(
+                        from_error_info(first.result.error), _delta_headers(parsed.id, first)
+                    )
+            response = web.StreamResponse(
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    **_delta_headers(parsed.id, first),
+                }
+            )
+            await response.prepare(request)
+            metrics.TIME_TO_FIRST_BYTE.labels("/v1/chat/completions").observe(
+                time.perf_counter() - received
+            )
+            events = ChunkEvents(
+                parsed.id,
+                model=first.model or asked,
+                created=int(time.time()),
+                include_usage=include_usage,
+            )
+            try:
+                await _write(response, events.start())
+                delta = first
+                while True:
+                    await _write(response, events.delta(delta))
+                    if delta.result is not None and delta is not first:
+                        self._spend(key, delta.result)
+                    if events.ended:
+                        break
+                    try:
+                        delta = await anext(deltas)
+                    except TimeoutError:
+                        message = f"the answer to {parsed.id} did not end within {wait_s:.0f}s"
+                        await _write(response, events.fail(GatewayError(504, message, "timeout")))
+                        break
+            except ConnectionResetError:
+                log.info("the client of %s went away; cancelling it", parsed.id)
+            if events.error is not None:
+                log.info("stream %s ended with an error: %s", parsed.id, events.error)
+            return response
+
+
+async def _write(response: web.StreamResponse, events: list[str]) -> None:
+    for data in events:
+        await response.write(f"data: {data}\n\n".encode())
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _delta_headers(request_id: str, delta: StreamDelta) -> dict[str, str]:
+    version = delta.result.version if delta.result is not None else None
+    return laneway_headers(
+        request_id=request_id, lane=delta.lane, path=delta.path, model=delta.model, version=version
+    )
+
+
+def _error_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.json_response(
+        error.body(), status=error.status, headers={**(headers or {}), **error.headers()}
+    )
