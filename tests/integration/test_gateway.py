@@ -90,6 +90,23 @@ async def test_the_openai_sdk_gets_completions_and_the_laneway_headers(
             assert rule.headers["x-laneway-rule"] == "greeting"
             assert rule.parse().choices[0].message.content == "Hello! How can I help you today?"
 
+            named = await client.chat.completions.with_raw_response.create(
+                model="heavy",  # a named model answers: OpenAI's sampling fields taken as sent
+                messages=SEA,
+                max_completion_tokens=8,
+                top_p=0.9,
+                temperature=0.7,
+                seed=7,
+                user="end-user-1",
+                n=1,
+                stop="\n\n",
+                extra_headers=NO_CACHE,
+            )
+            assert named.headers["x-laneway-path"] == "heavy"
+            assert named.parse().usage.completion_tokens <= 8  # type: ignore[union-attr]
+            with pytest.raises(openai.BadRequestError, match="gpt-4o"):
+                await client.chat.completions.create(model="gpt-4o", messages=SEA)
+
             models = await client.models.list()
             ids = [m.id for m in models.data]
             assert ids[0] == "auto" and {"light", "heavy"} <= set(ids)
