@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from schemas.errors import DeadlineExceeded, ErrorCode
 from schemas.messages import (
+    FinishReason,
     InferenceResult,
     Lane,
     Path,
@@ -120,7 +121,9 @@ def cached_result(routed: RoutedRequest, hit: CacheHit, lane: Lane, now_ms: int)
     with the completion tokens its model counted (the worker counts no
     prompt tokens)."""
     usage = Usage(completion_tokens=hit.completion_tokens or 0)
-    return answer_from_cache(routed, hit.output, hit.label, lane, now_ms, usage=usage)
+    return answer_from_cache(
+        routed, hit.output, hit.label, lane, now_ms, usage=usage, finish=hit.finish_reason
+    )
 
 
 def answer_from_cache(
@@ -131,10 +134,12 @@ def answer_from_cache(
     now_ms: int,
     batch_size: int = 1,
     usage: Usage | None = None,
+    finish: FinishReason | None = "stop",
 ) -> InferenceResult:
     """An answer given to ``routed`` without running a model for it:
     path ``cache``, ``model`` naming where the text came from, ``usage``
-    the tokens counted where it came from (``None``: 0)."""
+    the tokens counted where it came from (``None``: 0), ``finish`` why
+    that answer ended."""
     waited = max(0.0, now_ms - routed.produced_at_ms)
     return InferenceResult(
         id=routed.request.id,
@@ -143,7 +148,7 @@ def answer_from_cache(
         lane=lane,
         path=Path.CACHE,
         model=model,
-        finish_reason="stop",
+        finish_reason=finish,
         usage=usage or Usage(),
         timings=Timings(queue_ms=waited, total_ms=waited, batch_size=batch_size),
         batch_id=routed.request.batch_id,

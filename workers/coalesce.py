@@ -124,5 +124,12 @@ def shared_result(
         model = answer.model  # already named after the cache entry it came from
     size = answer.timings.batch_size
     return answer_from_cache(
-        routed, answer.output or "", model, lane, now_ms, size, usage=answer.usage
+        routed,
+        answer.output or "",
+        model,
+        lane,
+        now_ms,
+        size,
+        usage=answer.usage,
+        finish=answer.finish_reason,
     )

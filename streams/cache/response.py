@@ -20,7 +20,7 @@ replays, so a failure can never come back as a success.
 
 Redis layout (``P`` = the process's key prefix)::
 
-    P:cache:e:<key>   hash, TTL ttl_s: output, model, path, completion_tokens
+    P:cache:e:<key>   hash, TTL ttl_s: output, model, path, completion_tokens, finish_reason
                       (the model's count of output's tokens; entries stored
                       before it was kept lack it, and their hits say None),
                       text, entities, scope, created_ms, vec (base64
@@ -150,7 +150,7 @@ class Probe:
         return self._words
 
 
-_HIT_FIELDS = ["output", "model", "path", "completion_tokens"]
+_HIT_FIELDS = ["output", "model", "path", "completion_tokens", "finish_reason"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +167,10 @@ class CacheHit:
     completion_tokens: int | None = None
     """The answer's tokens as its model counted them when it was stored
     (``None``: an entry stored before the count was kept)."""
+    finish_reason: Literal["stop", "length"] = "stop"
+    """Why the stored answer ended: ``length`` when its model was cut at
+    ``max_tokens`` (the entry's budget class: ``streams.cache.keys``);
+    ``stop`` for entries stored before the reason was kept."""
 
     @property
     def label(self) -> str:
@@ -207,13 +211,13 @@ end
 return 0
 """
 
-# KEYS: entries. Returns {output, model, path, completion_tokens} per entry, in order: the
+# KEYS: entries. Returns _HIT_FIELDS per entry, in order: the
 # entries a whole batch asks about, in one command (a pipeline of one HMGET
 # per entry costs the client a reply to parse per entry and more).
 _FETCH = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  out[i] = redis.call('HMGET', key, 'output', 'model', 'path', 'completion_tokens')
+  out[i] = redis.call('HMGET', key, 'output', 'model', 'path', 'completion_tokens', 'finish_reason')
 end
 return out
 """
@@ -239,13 +243,14 @@ def _encode_vector(vector: np.ndarray) -> str:
 def _hit_of(
     row: Any, kind: Literal["exact", "semantic"], similarity: float, key: str
 ) -> CacheHit | None:
-    """A hit from an entry's ``output, model, path[, completion_tokens]``
-    (``None`` when absent or not a model path's answer)."""
-    output, model, path, *counted = row
+    """A hit from an entry's ``_HIT_FIELDS`` (``None`` when absent or not a
+    model path's answer)."""
+    output, model, path, *later = row
     text, path_name = _text(output), _text(path)
     if not text or not Path.names_model(path_name):
         return None
-    tokens = _text(counted[0]) if counted else None
+    tokens = _text(later[0]) if later else None
+    finish = _text(later[1]) if len(later) > 1 else None
     return CacheHit(
         output=text,
         kind=kind,
@@ -254,6 +259,7 @@ def _hit_of(
         path=Path(path_name),
         key=key,
         completion_tokens=int(tokens) if tokens and tokens.isdigit() else None,
+        finish_reason="length" if finish == "length" else "stop",
     )
 
 
@@ -594,6 +600,8 @@ class ResponseCache:
         ]
         if result.usage.completion_tokens > 0:
             fields += ["completion_tokens", str(result.usage.completion_tokens)]
+        if result.finish_reason in ("stop", "length"):
+            fields += ["finish_reason", result.finish_reason]
         if vector is not None:
             fields += ["vec", _encode_vector(vector)]
         now_ms = await self._store_script(

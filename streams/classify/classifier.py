@@ -385,9 +385,11 @@ def _answer(
     its model's own count, when the entry has it)."""
     request = admitted.request
     completion: int | None = None
+    finish: Literal["stop", "length"] = "stop"
     if decision.hit is not None:
         hit = decision.hit
         output, model, completion = hit.output, hit.label, hit.completion_tokens
+        finish = hit.finish_reason
     elif decision.rule is not None:
         output, model = decision.rule.text, f"rules:{decision.rule.rule}"
     else:
@@ -404,7 +406,7 @@ def _answer(
         lane=decision.lane,
         path=decision.path,
         model=model,
-        finish_reason="stop",
+        finish_reason=finish,
         usage=usage,
         timings=_timings(age_ms),
         batch_id=request.batch_id,

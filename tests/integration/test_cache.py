@@ -310,6 +310,24 @@ async def test_an_entry_keeps_its_models_token_count_and_old_entries_read_withou
     assert old is not None and old.output == "Three to five days." and old.completion_tokens is None
 
 
+async def test_an_entry_keeps_why_its_answer_ended(
+    make_cache: Any, redis_client: aioredis.Redis
+) -> None:
+    cache = make_cache(None)
+    cut, whole = req("Tell me about your return policy."), req("What are your opening hours?")
+    assert await cache.store(
+        cut, answer(cut, "Returns are accepted within", finish_reason="length")
+    )
+    assert await cache.store(whole, answer(whole, "Nine to five.", finish_reason="stop"))
+    hits = [await cache.lookup(cut), await cache.lookup(whole)]
+    assert [h.finish_reason if h else None for h in hits] == ["length", "stop"]
+    round_ = Round(redis_client)  # the batch classifier's read says so too
+    keys = [h.key for h in hits if h is not None]
+    at = cache.queue_exact(round_, keys)
+    found = cache.exact_from((await round_.run())[at], keys)
+    assert [found[k].finish_reason for k in keys] == ["length", "stop"]
+
+
 async def test_a_named_models_answer_is_its_own(make_cache: Any) -> None:
     cache = make_cache(None)
     heavy = req("Why is the sea salty?", model="heavy")
