@@ -50,10 +50,16 @@ class Leg:
 
 
 def model_workload(n: int, max_tokens: int) -> list[dict[str, Any]]:
-    """``n`` requests a model must answer: two simple prompts to one hard."""
+    """``n`` requests a model must answer, two simple prompts to one hard,
+    each asked once (numbered): no copy shares another's decode, so every
+    answer's tokens are decoded for it."""
     prompts = [*SIMPLE_PROMPTS, *HARD_PROMPTS[:2]]
     return [
-        {"prompt": prompts[i % len(prompts)], "max_tokens": max_tokens, "metadata": NO_CACHE}
+        {
+            "prompt": f"{prompts[i % len(prompts)]} (question {i + 1})",
+            "max_tokens": max_tokens,
+            "metadata": NO_CACHE,
+        }
         for i in range(n)
     ]
 
