@@ -49,16 +49,21 @@ class Leg:
         return self.tokens / max(self.seconds, 1e-9)
 
 
-def model_workload(n: int, max_tokens: int) -> list[dict[str, Any]]:
-    """``n`` requests a model must answer, two simple prompts to one hard,
-    each asked once (numbered): no copy shares another's decode, so every
-    answer's tokens are decoded for it."""
+def model_workload(
+    n: int, max_tokens: int, model: str = "heavy", lane: str = "medium"
+) -> list[dict[str, Any]]:
+    """``n`` requests for ``model`` (a path the registry names) on ``lane``,
+    two simple prompts to one hard, each asked once (numbered): no copy
+    shares another's decode, and the router's changing view of the paths
+    moves nothing between legs."""
     prompts = [*SIMPLE_PROMPTS, *HARD_PROMPTS[:2]]
     return [
         {
             "prompt": f"{prompts[i % len(prompts)]} (question {i + 1})",
             "max_tokens": max_tokens,
             "metadata": NO_CACHE,
+            "model": model,
+            "lane": lane,
         }
         for i in range(n)
     ]
@@ -99,7 +104,7 @@ def format_legs(legs: list[Leg]) -> str:
 
 async def _legs(settings: Settings, args: argparse.Namespace) -> list[Leg]:
     legs = []
-    workload = model_workload(args.requests, args.max_tokens)
+    workload = model_workload(args.requests, args.max_tokens, args.path, args.lane)
     for _ in range(args.rounds):
         for streamed in (False, True):
             samples, started, lost = await drive(
@@ -118,7 +123,8 @@ def stream_cost(settings: Settings, args: argparse.Namespace) -> int:
     with stack_for(settings, args.embedded, args.realtime_workers, args.log_file) as running:
         legs = asyncio.run(_legs(running, args))
     print(
-        f"\nlaneway bench --stream-cost: {args.requests} model requests a leg, "
+        f"\nlaneway bench --stream-cost: {args.requests} requests for {args.path} on "
+        f"{args.lane} a leg, "
         f"max_tokens {args.max_tokens}, concurrency {args.concurrency}, client {args.client}, "
         f"{args.rounds} legs of each, alternated"
     )

@@ -116,6 +116,12 @@ def _parser() -> argparse.ArgumentParser:
         "--rounds", type=int, default=2, help="--stream-cost: legs of each kind, alternated"
     )
     bench.add_argument(
+        "--lane",
+        choices=[lane.value for lane in Lane],
+        default="medium",
+        help="--stream-cost: the lane its requests ask for",
+    )
+    bench.add_argument(
         "--client",
         choices=["sdk", "plain"],
         default="sdk",
@@ -185,7 +191,10 @@ def _parser() -> argparse.ArgumentParser:
         help="one model called directly, then through Kafka and a bulk worker: efficiency",
     )
     bench.add_argument(
-        "--path", choices=["light", "heavy"], default="heavy", help="--pipeline: which model"
+        "--path",
+        choices=["light", "heavy"],
+        default="heavy",
+        help="--pipeline, --stream-cost: which model",
     )
     bench.add_argument(
         "--pipeline-batch", type=int, default=8, help="--pipeline: the bulk lane's batch size"
