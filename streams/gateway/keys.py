@@ -124,8 +124,10 @@ def remove_keys(path: Path, name: str) -> list[ApiKey]:
 
 class KeyRing:
     """The keys a gateway accepts, read again from the file when it changes
-    (checked at most every ``reload_s``). ``open`` when there are none: any
-    key is accepted (``laneway up``'s default)."""
+    (checked at most every ``reload_s``). ``open`` when no file is named:
+    any key is accepted (``laneway up``'s default). A named file with no
+    keys (missing, or its last key removed) accepts none: removing keys
+    never opens the door."""
 
     def __init__(self, path: Path | None, reload_s: float = 2.0) -> None:
         self.path = path
@@ -137,7 +139,7 @@ class KeyRing:
 
     @property
     def open(self) -> bool:
-        return not self._by_hash
+        return self.path is None
 
     def __len__(self) -> int:
         return len(self._by_hash)

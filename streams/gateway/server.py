@@ -65,10 +65,16 @@ class GatewayServer:
         gateway = self.settings.gateway
         if self.keys.open:
             log.warning(
-                "no API keys configured (LANEWAY_GATEWAY_KEYS_FILE%s): the gateway accepts "
-                "any key, or none, as tenant %r; add keys with `laneway keys add`",
-                f"={gateway.keys_file} has none" if gateway.keys_file else " unset",
+                "no API keys configured (LANEWAY_GATEWAY_KEYS_FILE unset): the gateway "
+                "accepts any key, or none, as tenant %r; add keys with `laneway keys add` "
+                "and name their file",
                 gateway.default_tenant,
+            )
+        elif not len(self.keys):
+            log.warning(
+                "%s holds no API keys: every request is refused (401) until "
+                "`laneway keys add` writes one",
+                gateway.keys_file,
             )
         else:
             log.info("%d API keys from %s", len(self.keys), gateway.keys_file)

@@ -44,12 +44,13 @@ def test_keys_are_removed_by_id_or_by_tenant(tmp_path: Path) -> None:
 def test_the_ring_finds_a_key_by_its_hash_and_sees_changes(tmp_path: Path) -> None:
     path = tmp_path / "keys.json"
     ring = KeyRing(path, reload_s=0.0)
-    assert ring.open and ring.lookup("anything") is None
+    assert not ring.open and ring.lookup("anything") is None, "a named file, even missing"
     key, entry = add_key(path, "acme", rpm=None, tpm=None)
     assert ring.lookup(key) == entry and not ring.open
     assert ring.lookup("lw-wrong") is None and ring.lookup(None) is None
     remove_keys(path, "acme")
-    assert ring.lookup(key) is None and ring.open
+    assert ring.lookup(key) is None and not ring.open, "the last key removed opens nothing"
+    assert KeyRing(None).open, "only a gateway with no keys file takes any key"
 
 
 def test_a_broken_file_is_refused_at_start_and_ignored_once_running(tmp_path: Path) -> None:
