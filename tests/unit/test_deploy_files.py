@@ -101,3 +101,33 @@ def test_every_series_the_grafana_dashboard_queries_is_exported() -> None:
         queried = set(re.findall(r"\blaneway_[a-z0-9_]+", queries))
         assert queried, f"{path.name} queries no laneway series"
         assert queried <= exported, f"{path.name}: not exported: {sorted(queried - exported)}"
+
+
+def test_the_gateway_is_deployed_behind_a_service_ready_only_when_it_serves() -> None:
+    deployment, service = _documents(COMPOSE / "k8s" / "16-gateway.yaml")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    settings = Settings(
+        http_port=int(env["LANEWAY_HTTP_PORT"]),
+        gateway={"port": int(env["LANEWAY_GATEWAY_PORT"]), "host": env["LANEWAY_GATEWAY_HOST"]},
+    )
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert container["args"] == ["gateway"]
+    assert ports == {"http": settings.gateway.port, "metrics": settings.http_port}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # Keys from a Secret; without it the named file is missing and nothing gets in.
+    keys = next(v for v in pod["volumes"] if v["name"] == "keys")
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "keys")
+    assert env["LANEWAY_GATEWAY_KEYS_FILE"].startswith(mount["mountPath"] + "/")
+    assert keys["secret"]["optional"] is True
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {
+        "http": "http",
+        "metrics": "metrics",
+    }
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    (compose,) = _documents(COMPOSE / "docker-compose.yml")
+    gateway = compose["services"]["gateway"]
+    assert gateway["command"] == ["gateway"]
+    assert gateway["environment"]["LANEWAY_GATEWAY_PORT"] == "8080"
+    assert "127.0.0.1:8080:8080" in gateway["ports"]
