@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
 from workers.backends.base import Generation, GenerationInput, Outcome, until_unwanted
 from workers.backends.llama_batch import BatchDecoder, Decoded, SequenceRequest
-from workers.backends.pieces import AnswerPieces, Utf8Pieces
+from workers.backends.pieces import AnswerPieces, PieceRelay, Utf8Pieces
 from workers.models import prompt_style, resolve_gguf
 
 __all__ = ["TRANSCRIPT_STOPS", "LlamaCppBackend", "Prompt", "as_transcript"]
@@ -55,6 +55,8 @@ class LlamaCppBackend:
         self._decoder: BatchDecoder | None = None
         self._template: Any = None
         """A ``Jinja2ChatFormatter`` of the GGUF's chat template, for chat models."""
+        self._pieces: PieceRelay | None = None
+        """Hands streamed pieces from the decode thread to the event loop."""
 
     async def load(self) -> None:
         path = await asyncio.to_thread(resolve_gguf, self.model, self._settings.model_dir)
@@ -127,7 +129,9 @@ class LlamaCppBackend:
                 seed=item.seed or 0,
                 stops=prompt.stops,
                 deadline=item.deadline,
-                on_piece=_threadsafe(Utf8Pieces(AnswerPieces(item.on_text, strip=prompt.strip)))
+                on_piece=self._relay().handler(
+                    Utf8Pieces(AnswerPieces(item.on_text, strip=prompt.strip))
+                )
                 if item.on_text is not None
                 else None,
                 top_p=1.0 if item.top_p is None else item.top_p,
@@ -149,6 +153,13 @@ class LlamaCppBackend:
             outcomes[i] = _outcome(result, prompt)
         return [outcomes[i] for i in range(len(inputs))]
 
+    def _relay(self) -> PieceRelay:
+        """The relay of the running event loop (made on first use)."""
+        loop = asyncio.get_running_loop()
+        if self._pieces is None or self._pieces.loop is not loop:
+            self._pieces = PieceRelay(loop)
+        return self._pieces
+
     async def check_health(self) -> bool:
         return self._decoder is not None and self._decoder.alive
 
@@ -169,17 +180,6 @@ def _outcome(result: Decoded | LanewayError, prompt: Prompt) -> Outcome:
         result.completion_tokens,
         "length" if result.finish == "length" else "stop",
     )
-
-
-def _threadsafe(handler: Callable[[bytes], None]) -> Callable[[bytes], None]:
-    """``handler`` run on the calling event loop, from any thread."""
-    loop = asyncio.get_running_loop()
-
-    def call(data: bytes) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
-            loop.call_soon_threadsafe(handler, data)
-
-    return call
 
 
 def as_transcript(messages: Sequence[ChatMessage]) -> str:
