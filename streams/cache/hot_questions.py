@@ -74,13 +74,19 @@ def day_keys(key_prefix: str, day: str) -> tuple[str, str]:
 
 def question_of(request: InferenceRequest, cache: CacheSettings) -> str:
     """What the pre-warm needs to ask ``request`` again, as JSON: the text,
-    the budget and, where the cache keeps tenants apart, the tenant (the
-    answer is stored under the same key)."""
+    the budget, its stop strings and the model it named (both in its cache
+    scope: ``streams.cache.keys.cache_scope``) and, where the cache keeps
+    tenants apart, the tenant, so the answer is stored under the same key."""
     body: dict[str, Any] = {"max_tokens": request.max_tokens}
     if request.messages is not None:
         body["messages"] = [m.model_dump(mode="json") for m in request.messages]
     else:
         body["prompt"] = request.prompt
+    if request.stop:
+        body["stop"] = list(request.stop)
+    named = request.named_model()
+    if named is not None:
+        body["model"] = named
     if cache.per_tenant and request.tenant:
         body["tenant"] = request.tenant
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)

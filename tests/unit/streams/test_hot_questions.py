@@ -48,6 +48,7 @@ def test_counting_is_bounded_between_flushes_and_can_be_off() -> None:
 def test_the_question_asks_again_under_the_same_cache_key() -> None:
     for original in (
         req("Where is my parcel?", tenant="acme", max_tokens=32),
+        req("Where is my parcel?", stop=["\n"], model="heavy"),  # both in the key's scope
         InferenceRequest.model_validate(
             {
                 "id": "r",
