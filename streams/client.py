@@ -350,8 +350,8 @@ class LanewayClient:
         async for record in self._consumer:
             value = record.value or b""
             try:
-                if _is_chunk(value):
-                    chunk = ResultChunk.model_validate_json(value)
+                chunk = _chunk_of(value)
+                if chunk is not None:
                     listener = self._listeners.get(chunk.id)
                     if listener is not None:
                         listener(chunk)
@@ -391,9 +391,16 @@ class LanewayClient:
         self._pending.clear()
 
 
-def _is_chunk(value: bytes) -> bool:
-    """A ``result_chunk`` (its ``object`` field), not a ``result``."""
-    return b'"result_chunk"' in value and json.loads(value).get("object") == "result_chunk"
+def _chunk_of(value: bytes) -> ResultChunk | None:
+    """The ``result_chunk`` a reply holds (its ``object`` field), parsed once;
+    ``None`` for anything else (a ``result``). Raises ``ValueError`` for a
+    chunk that does not read."""
+    if b'"result_chunk"' not in value:  # a result: no JSON parsed twice
+        return None
+    data = json.loads(value)
+    if not isinstance(data, dict) or data.get("object") != "result_chunk":
+        return None
+    return ResultChunk.model_validate(data)
 
 
 def result_summary(result: InferenceResult) -> str:

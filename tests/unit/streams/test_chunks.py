@@ -93,3 +93,16 @@ def test_a_rule_answer_is_one_chunk_of_attempt_0() -> None:
     deltas = a.chunk(chunk(0, 0, "Hi there!", finish_reason="stop"))
     deltas += a.result(ok("Hi there!"))
     assert [d.text for d in deltas] == ["Hi there!", ""] and deltas[-1].attempt == 0
+
+
+def test_the_sdk_tells_a_chunk_from_a_result_and_anything_else() -> None:
+    import pytest
+
+    from streams.client import _chunk_of
+
+    piece = chunk(1, 0, "Hi")
+    assert _chunk_of(piece.model_dump_json().encode()) == piece
+    assert _chunk_of(ok('He said "result_chunk"').model_dump_json().encode()) is None
+    assert _chunk_of(b'["result_chunk"]') is None  # JSON, but no message: not a crash
+    with pytest.raises(ValueError):
+        _chunk_of(b'{"object": "result_chunk", "id": "r"}')  # a chunk missing its fields
