@@ -1,7 +1,7 @@
 """``laneway distill export``: a time window of traffic as training rows.
 
 Reads, each from the offset the broker gives for a minute before ``since``
-(aiokafka ``offsets_for_times``; see ``_read_topic`` for why earlier) up to
+(aiokafka ``offsets_for_times``; see ``read_window`` for why earlier) up to
 the high-water mark it had when the export started:
 
 - ``<p>.requests``: the prompt of every request produced in ``[since, until)``;
@@ -42,13 +42,21 @@ from streams.classify.registry import ModelRegistry
 from streams.distill.learned import feature_values
 from streams.distill.rows import ExportRow, prompt_key
 
-__all__ = ["Collected", "ExportSummary", "Window", "collect", "export_rows", "join_rows"]
+__all__ = [
+    "Collected",
+    "ExportSummary",
+    "Window",
+    "collect",
+    "export_rows",
+    "join_rows",
+    "read_window",
+]
 
 log = logging.getLogger(__name__)
 
 START_MARGIN_MS = 60_000
 """How much earlier than ``since`` the broker is asked for a start offset
-(see ``_read_topic``): clock skew between producers and the broker, and the
+(see ``read_window``): clock skew between producers and the broker, and the
 broker's coarse time index, up to this much, lose no record."""
 
 
@@ -252,7 +260,7 @@ def join_rows(
     return rows, summary
 
 
-async def _read_topic(
+async def read_window(
     consumer: AIOKafkaConsumer,
     tps: Sequence[TopicPartition],
     since_ms: int,
@@ -365,7 +373,7 @@ async def collect(settings: Settings, window: Window) -> tuple[Collected, dict[s
             ("shadow", late, lambda ts, raw: collected.add_shadow(raw)),
         )
         for name, until_ms, take in plan:
-            counts[settings.topic(name)] = await _read_topic(
+            counts[settings.topic(name)] = await read_window(
                 consumer, partitions[name], window.since_ms, until_ms, take
             )
     finally:

@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 from schemas.messages import InferenceRequest, InferenceResult, QualityEvent
 from schemas.settings import Settings
 from streams.classify.features import estimate_tokens
-from streams.distill.export import _read_topic
+from streams.distill.export import read_window
 from streams.doctor.readings import (
     DiskReading,
     DriftAlarm,
@@ -290,7 +290,7 @@ async def read_topics(
                 notes.append(f"topic {topic} not found: its checks are skipped")
                 continue
             tps = [TopicPartition(topic, p) for p in sorted(partitions[name] or ())]
-            await _read_topic(consumer, tps, since_ms, until_ms, take)
+            await read_window(consumer, tps, since_ms, until_ms, take)
     finally:
         await consumer.stop()
     if window.unreadable:
