@@ -329,8 +329,6 @@ class BatchLookups:
             plan.probe = plan.bare if not context else self.cache.probe(request, context)
             if not context:
                 plan.hit = found.bare_hits.get(plan.bare.key)
-        if self.settings.cache_in_use:
-            self.hot.note(request, context, key=plan.bare.key if plan.bare else None)
         if plan.hit is None and plan.match is not None:
             if plan.match.rule.lookup is None:
                 plan.rule = self.rules.book.resolve_read(plan.match, "", None)
@@ -338,6 +336,8 @@ class BatchLookups:
                 plan.rule = self.rules.book.resolve_read(
                     plan.match, plan.rule_read[0], plan.replies["rule"]
                 )
+        if self.settings.cache_in_use and plan.rule is None:  # a rule's answer is never cached
+            self.hot.note(request, context, key=plan.bare.key if plan.bare else None)
 
     async def _second_round(self, plans: list[Plan]) -> None:
         """The exact entries of requests whose history is part of their key."""
