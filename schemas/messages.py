@@ -32,6 +32,7 @@ from schemas.errors import ErrorCode, InvalidRequest, LanewayError
 __all__ = [
     "AUTO_MODEL",
     "UNSUPPORTED_FIELDS",
+    "AnswerPath",
     "CancelRequest",
     "ChatMessage",
     "ErrorInfo",
@@ -40,7 +41,6 @@ __all__ = [
     "InferenceRequest",
     "InferenceResult",
     "Lane",
-    "Path",
     "QualityEvent",
     "RequestLimits",
     "ResultChunk",
@@ -61,7 +61,7 @@ class Lane(StrEnum):
     BULK = "bulk"
 
 
-class Path(str):
+class AnswerPath(str):
     """A way to answer a request: ``cache`` and ``rules`` (answered in the
     classifier), or a *model path*, named by the model registry
     (``streams.classify.registry``): the built-in registry has ``light``
@@ -71,24 +71,24 @@ class Path(str):
     letter.
 
     A ``str``: it compares, hashes and serialises as its name. Instances are
-    shared per name (``Path("light") is Path.LIGHT``) for the first
+    shared per name (``AnswerPath("light") is AnswerPath.LIGHT``) for the first
     ``_SHARED_MAX`` names seen, so a stream of odd names cannot grow the table."""
 
     __slots__ = ()
 
-    CACHE: ClassVar[Path]
-    RULES: ClassVar[Path]
-    LIGHT: ClassVar[Path]
+    CACHE: ClassVar[AnswerPath]
+    RULES: ClassVar[AnswerPath]
+    LIGHT: ClassVar[AnswerPath]
     """The built-in registry's cheap path (also the path a learned router
     judges, and where flow control moves heavy work under load)."""
-    HEAVY: ClassVar[Path]
+    HEAVY: ClassVar[AnswerPath]
     """The built-in registry's capable path."""
 
     PATTERN: ClassVar[str] = r"^[a-z][a-z0-9_-]{0,31}$"
-    _SHARED: ClassVar[dict[str, Path]] = {}
+    _SHARED: ClassVar[dict[str, AnswerPath]] = {}
     _SHARED_MAX: ClassVar[int] = 256
 
-    def __new__(cls, name: str) -> Path:
+    def __new__(cls, name: str) -> AnswerPath:
         shared = cls._SHARED.get(name)
         if shared is not None:
             return shared
@@ -122,7 +122,7 @@ class Path(str):
         return cls.valid(name) and name not in ("cache", "rules")
 
     def __repr__(self) -> str:
-        return f"Path({self.value!r})"
+        return f"AnswerPath({self.value!r})"
 
     def __str__(self) -> str:
         return self.value
@@ -130,8 +130,8 @@ class Path(str):
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
 
-    def __reduce__(self) -> tuple[type[Path], tuple[str]]:
-        return (Path, (self.value,))
+    def __reduce__(self) -> tuple[type[AnswerPath], tuple[str]]:
+        return (AnswerPath, (self.value,))
 
     @classmethod
     def __get_pydantic_core_schema__(
@@ -158,11 +158,11 @@ class Path(str):
         return out
 
 
-_PATH_NAME = re.compile(Path.PATTERN)
-Path.CACHE = Path("cache")
-Path.RULES = Path("rules")
-Path.LIGHT = Path("light")
-Path.HEAVY = Path("heavy")
+_PATH_NAME = re.compile(AnswerPath.PATTERN)
+AnswerPath.CACHE = AnswerPath("cache")
+AnswerPath.RULES = AnswerPath("rules")
+AnswerPath.LIGHT = AnswerPath("light")
+AnswerPath.HEAVY = AnswerPath("heavy")
 
 
 class WireModel(BaseModel):
@@ -472,12 +472,12 @@ class RoutedRequest(WireModel):
     schema_version: Literal[1] = 1
     request: InferenceRequest
     lane: Lane
-    path: Path
+    path: AnswerPath
     reply_to: str
     produced_at_ms: int
     routed_at_ms: int
     deadline_at_ms: int | None = None
-    requested_path: Path | None = None
+    requested_path: AnswerPath | None = None
     """The path the policy chose, when flow control sent it down ``path`` instead."""
     history: list[ChatMessage] = Field(default_factory=list)
     """Earlier turns of the request's session, oldest first, put before its own."""
@@ -552,14 +552,14 @@ class InferenceResult(WireModel):
     output: str | None = None
     error: ErrorInfo | None = None
     lane: Lane | None = None
-    path: Path | None = None
+    path: AnswerPath | None = None
     model: str | None = None
     usage: Usage = Field(default_factory=Usage)
     timings: Timings = Field(default_factory=Timings)
     batch_id: str | None = None
     degraded: bool = False
     """Served by a fallback path, not the one the router chose."""
-    requested_path: Path | None = None
+    requested_path: AnswerPath | None = None
     """The path the router chose, when ``degraded``."""
     explored: bool = False
     """The router chose the path to measure it, not for its score."""
@@ -585,7 +585,7 @@ class InferenceResult(WireModel):
         error: LanewayError,
         *,
         lane: Lane | None = None,
-        path: Path | None = None,
+        path: AnswerPath | None = None,
         model: str | None = None,
         timings: Timings | None = None,
         batch_id: str | None = None,
@@ -623,7 +623,7 @@ class ResultChunk(WireModel):
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     lane: Lane | None = None
-    path: Path | None = None
+    path: AnswerPath | None = None
     model: str | None = None
 
 
@@ -640,7 +640,7 @@ class QualityEvent(WireModel):
     id: str
     tenant: str | None = None
     lane: Lane | None = None
-    path: Path | None = None
+    path: AnswerPath | None = None
     model: str | None = None
     success: bool
     error_code: ErrorCode | None = None
@@ -685,7 +685,7 @@ class QualityEvent(WireModel):
             latency_ms=result.timings.total_ms,
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,
-            cache_hit=result.path == Path.CACHE,
+            cache_hit=result.path == AnswerPath.CACHE,
             ts_ms=ts_ms,
             cache_key=cache_key,
             version=result.version,

@@ -8,13 +8,13 @@ environment.
 from __future__ import annotations
 
 import ssl
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.messages import Lane, Path, RequestLimits
+from schemas.messages import AnswerPath, Lane, RequestLimits
 
 __all__ = [
     "BackendSettings",
@@ -252,7 +252,7 @@ class LaneSettings(BaseSettings):
     """Most requests run together in one batch."""
     max_wait_ms: int = Field(default=50, ge=0, le=60_000)
     """Longest a batch waits to fill after its first request arrives."""
-    paths: tuple[Path, ...] | None = Field(default=None, min_length=1)
+    paths: tuple[AnswerPath, ...] | None = Field(default=None, min_length=1)
     """The model paths this lane's workers load and serve (the rules path is
     always served), by their registry names. Unset: realtime the cheapest
     path of the model registry (built-in: ``light``), bulk the most capable
@@ -346,7 +346,7 @@ class RoutingSettings(BaseSettings):
     exploration: float = Field(default=0.05, ge=0, le=1)
     """Share of model-path requests sent to a random eligible path, so a
     recovered path is tried again and its statistics stay current."""
-    models_file: FsPath | None = None
+    models_file: Path | None = None
     """Model registry YAML (name, version, backend, path, lane, cost per 1k
     tokens, max batch); the built-in registry of the two embedded models when unset."""
     weights_refresh_s: float = Field(default=1.0, gt=0)
@@ -361,10 +361,10 @@ class RoutingSettings(BaseSettings):
     """How long feedback that came before the quality loop knew its answer
     (a fast client) waits to be joined, tried again every second, before it
     is dropped and counted (``laneway_feedback_unmatched_total``)."""
-    force_path: Path | None = None
+    force_path: AnswerPath | None = None
     """Send every request to one model path, skipping cache, rules and the
     router (a single-path baseline; ``laneway bench`` compares against it)."""
-    learned_router: FsPath | None = None
+    learned_router: Path | None = None
     """A learned router artifact (``laneway distill train``, one JSON file):
     one more signal beside latency, cost and failure. Unset: routing exactly
     as without it."""
@@ -374,7 +374,7 @@ class RoutingSettings(BaseSettings):
     difference of the two paths (~0.3-0.5 on the embedded models) moves the
     calibrated threshold by about that much in logit units. 0 turns the
     learned router off (routing as without an artifact)."""
-    learned_router_dir: FsPath | None = None
+    learned_router_dir: Path | None = None
     """A directory of learned router artifacts (``*.json``, each with its own
     ``version``): the router versions ``laneway models canary|shadow|promote
     router VERSION`` can roll out, beside ``rule`` (no learned router). Every
@@ -472,7 +472,7 @@ class RulesSettings(BaseSettings):
 
     model_config = _config("LANEWAY_RULES_")
 
-    file: FsPath | None = None
+    file: Path | None = None
     """YAML rule file; the built-in small-talk rules when unset."""
     reload_interval_s: float = Field(default=1.0, gt=0)
     """How often the rule file is checked for changes (hot reload)."""
@@ -538,7 +538,7 @@ class BackendSettings(BaseSettings):
     light_model: str = "smollm2-135m"
     heavy: Literal["llamacpp", "openai", "vllm", "rules"] = "llamacpp"
     heavy_model: str = "gemma3-270m"
-    model_dir: FsPath = FsPath.home() / ".cache" / "laneway" / "models"
+    model_dir: Path = Path.home() / ".cache" / "laneway" / "models"
     """Where models assembled from wheels (Gemma's chunks) are written once."""
     n_threads: int = Field(default=1, ge=1)
     """llama.cpp threads per model. Three lane workers share the machine: on 2
@@ -582,7 +582,7 @@ class BackendSettings(BaseSettings):
     """Longest prompt plus answer, in tokens, that the vLLM engine accepts; it
     also sizes the KV cache. ``None`` = the model's own context length, which
     for a long-context model may not fit in ``vllm_gpu_memory_utilization``."""
-    vllm_model_dir: FsPath | None = None
+    vllm_model_dir: Path | None = None
     """A local Hugging Face model directory (``config.json``, tokenizer,
     ``*.safetensors``) for the vllm backend, or a folder of them named after
     the models (``<dir>/<model>``). Unset: ``model`` itself must be a local
@@ -668,7 +668,7 @@ class GatewaySettings(BaseSettings):
     """Port of the OpenAI API (``/v1``); 0 picks a free one. ``/metrics``,
     ``/healthz`` and ``/readyz`` are on ``LANEWAY_HTTP_PORT``, as in every
     laneway process."""
-    keys_file: FsPath | None = None
+    keys_file: Path | None = None
     """The API keys (``laneway keys add``): a JSON file of sha256 hashes,
     each with its tenant and limits. Unset or without keys: any key (or none)
     is accepted as ``default_tenant``, and the gateway says so at start."""

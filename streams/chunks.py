@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.messages import FinishReason, InferenceResult, Lane, Path, ResultChunk, Usage
+from schemas.messages import AnswerPath, FinishReason, InferenceResult, Lane, ResultChunk, Usage
 
 __all__ = ["StreamAssembler", "StreamDelta"]
 
@@ -34,7 +34,7 @@ class StreamDelta:
     attempt: int = 0
     lane: Lane | None = None
     """The lane, path and model of the decode the text comes from."""
-    path: Path | None = None
+    path: AnswerPath | None = None
     model: str | None = None
     finish_reason: FinishReason | None = None
     """Set on the last delta: ``stop``, ``length`` or ``error``."""
@@ -107,7 +107,7 @@ class StreamAssembler:
         ]
 
     def _show(
-        self, text: str, lane: Lane | None, path: Path | None, model: str | None
+        self, text: str, lane: Lane | None, path: AnswerPath | None, model: str | None
     ) -> StreamDelta:
         restart, self._restart = self._restart, False
         self.text += text

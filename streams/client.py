@@ -26,7 +26,7 @@ import sys
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 def default_client_id() -> str:
     """``client-<host>-<program>``, in the characters a topic name allows."""
     host = socket.gethostname().split(".")[0] or "host"
-    program = FsPath(sys.argv[0]).stem if sys.argv and sys.argv[0] else ""
+    program = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else ""
     name = f"client-{host}-{program or 'python'}"
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name)[:200]
 
@@ -309,7 +309,7 @@ class LanewayClient:
 
     async def submit_batch(
         self,
-        source: FsPath | str | bytes | Sequence[Mapping[str, Any]],
+        source: Path | str | bytes | Sequence[Mapping[str, Any]],
         *,
         settings: Settings,
         tenant: str | None = None,
@@ -326,8 +326,8 @@ class LanewayClient:
 
         if isinstance(source, bytes):
             data = source
-        elif isinstance(source, FsPath | str):
-            data = await asyncio.to_thread(FsPath(source).read_bytes)
+        elif isinstance(source, Path | str):
+            data = await asyncio.to_thread(Path(source).read_bytes)
         else:
             data = b"".join(json.dumps(dict(line)).encode() + b"\n" for line in source)
         return await submit_file(

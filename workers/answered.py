@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 from schemas.errors import DeadlineExceeded, ErrorCode
 from schemas.messages import (
+    AnswerPath,
     FinishReason,
     InferenceResult,
     Lane,
-    Path,
     QualityEvent,
     RoutedRequest,
     Timings,
@@ -63,7 +63,12 @@ def attempt_events(finished: Finished, settings: Settings) -> list[Outbound]:
     failing path even when the fallback hides it from the client."""
     return [
         attempt_event(
-            finished.routed, finished.result, Path(path), error.code, settings, version=version
+            finished.routed,
+            finished.result,
+            AnswerPath(path),
+            error.code,
+            settings,
+            version=version,
         )
         for path, version, error in finished.failed
     ]
@@ -72,7 +77,7 @@ def attempt_events(finished: Finished, settings: Settings) -> list[Outbound]:
 def attempt_event(
     routed: RoutedRequest,
     result: InferenceResult,
-    path: Path,
+    path: AnswerPath,
     error_code: ErrorCode,
     settings: Settings,
     *,
@@ -146,7 +151,7 @@ def answer_from_cache(
         status="ok",
         output=output,
         lane=lane,
-        path=Path.CACHE,
+        path=AnswerPath.CACHE,
         model=model,
         finish_reason=finish,
         usage=usage or Usage(),

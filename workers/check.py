@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from schemas.errors import LanewayError
-from schemas.messages import ChatMessage, Path
+from schemas.messages import AnswerPath, ChatMessage
 from schemas.settings import Settings
 from streams.classify.registry import ModelRegistry, load_registry
 from workers.backends import Backend, GenerationInput, create_backend, map_backend_exception
@@ -48,7 +48,7 @@ class ModelCheck:
         return f"{self.path}={self.backend}:{self.model}"
 
 
-def model_of(registry: ModelRegistry, path: Path) -> tuple[str, str]:
+def model_of(registry: ModelRegistry, path: AnswerPath) -> tuple[str, str]:
     """``(backend kind, model)`` of ``path``'s active version."""
     entry = registry.for_path(path)
     if entry is None:
@@ -84,9 +84,9 @@ async def probe(backend: Backend, *, timeout_s: float = PROBE_TIMEOUT_S) -> tupl
 
 async def check_paths(
     settings: Settings,
-    paths: Sequence[Path],
+    paths: Sequence[AnswerPath],
     *,
-    loaded: Mapping[Path, Backend] | None = None,
+    loaded: Mapping[AnswerPath, Backend] | None = None,
     timeout_s: float = PROBE_TIMEOUT_S,
 ) -> list[ModelCheck]:
     """Check each of ``paths``, one after another: a backend in ``loaded``
@@ -128,7 +128,7 @@ def run_check(settings: Settings, paths: Sequence[str] | None, *, as_json: bool 
     if unknown:
         print(f"laneway check: no model path {unknown} in the registry: it has {known}")
         return 2
-    chosen = [Path(p) for p in paths] if paths else list(registry.model_paths)
+    chosen = [AnswerPath(p) for p in paths] if paths else list(registry.model_paths)
     checks = asyncio.run(check_paths(settings, chosen))
     failed = [c for c in checks if not c.ok]
     if as_json:

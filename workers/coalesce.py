@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.keys import cache_control, cache_key
 from streams.stores.sessions import context_digest
@@ -120,7 +120,7 @@ def shared_result(
     found in the cache for one), as the answer to ``routed``, with its
     usage: the same question as the cache compares it, and the same text."""
     model = f"cache:batch:{answer.model or '-'}"
-    if answer.path is Path.CACHE and answer.model:
+    if answer.path is AnswerPath.CACHE and answer.model:
         model = answer.model  # already named after the cache entry it came from
     size = answer.timings.batch_size
     return answer_from_cache(

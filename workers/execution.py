@@ -44,7 +44,15 @@ from schemas.errors import (
     LanewayError,
     OutOfMemory,
 )
-from schemas.messages import ChatMessage, InferenceResult, Lane, Path, RoutedRequest, Timings, Usage
+from schemas.messages import (
+    AnswerPath,
+    ChatMessage,
+    InferenceResult,
+    Lane,
+    RoutedRequest,
+    Timings,
+    Usage,
+)
 from schemas.settings import BackendSettings
 from streams.classify.registry import ModelEntry, ModelRegistry, builtin_registry
 from streams.stores.sessions import with_history
@@ -149,34 +157,34 @@ class BackendSlot:
             self.backend = None
 
 
-SlotKey = tuple[Path, str]
+SlotKey = tuple[AnswerPath, str]
 """A model path and one of its registry versions."""
 
 
 def backend_slots(
     settings: BackendSettings,
-    paths: Iterable[Path] | None = None,
+    paths: Iterable[AnswerPath] | None = None,
     registry: ModelRegistry | None = None,
-) -> dict[Path, BackendSlot]:
+) -> dict[AnswerPath, BackendSlot]:
     """The backend of the active version of each of ``paths`` (``None``:
     every model path) in ``registry`` (the built-in one, from ``settings``'
     light and heavy models, when ``None``), and of ``rules``: a worker loads
     only the models of the paths it serves. ``version_slots`` adds the other
     versions. A path the registry does not name is an error, not a silence."""
     registry = registry or builtin_registry(settings)
-    slots: dict[Path, BackendSlot] = {}
+    slots: dict[AnswerPath, BackendSlot] = {}
     for path in registry.model_paths if paths is None else paths:
         entry = registry.for_path(path)
         if entry is None:
             known = [str(p) for p in registry.model_paths]
             raise ValueError(f"no model path {path!s} in the registry: it has {known}")
         slots[path] = _slot(settings, path, entry)
-    slots[Path.RULES] = _slot(settings, Path.RULES, None)
+    slots[AnswerPath.RULES] = _slot(settings, AnswerPath.RULES, None)
     return slots
 
 
 def version_slots(
-    settings: BackendSettings, registry: ModelRegistry, paths: Iterable[Path]
+    settings: BackendSettings, registry: ModelRegistry, paths: Iterable[AnswerPath]
 ) -> dict[SlotKey, BackendSlot]:
     """A backend for every version of ``paths`` that is neither the active
     one nor retired (canaries and shadows), by path and version."""
@@ -188,7 +196,7 @@ def version_slots(
     }
 
 
-def _slot(settings: BackendSettings, path: Path, entry: ModelEntry | None) -> BackendSlot:
+def _slot(settings: BackendSettings, path: AnswerPath, entry: ModelEntry | None) -> BackendSlot:
     """``entry``: the registry version the slot loads (``None``: the rules)."""
     if entry is None:
         kind, model, version = "rules", "rules", None
@@ -212,7 +220,7 @@ def _slot(settings: BackendSettings, path: Path, entry: ModelEntry | None) -> Ba
     )
 
 
-Fallbacks = Mapping[Path, Sequence[Path]]
+Fallbacks = Mapping[AnswerPath, Sequence[AnswerPath]]
 """Where a path's requests go when its backend cannot serve them, in order
 (``ModelRegistry.fallbacks``); a path not listed goes nowhere."""
 
@@ -237,7 +245,7 @@ async def _infer_splitting(
     return outcomes
 
 
-Failure = tuple[Path, str | None, LanewayError]
+Failure = tuple[AnswerPath, str | None, LanewayError]
 """A path (and version) that failed a request, and why."""
 
 
@@ -254,7 +262,7 @@ class Executor:
     def __init__(
         self,
         lane: Lane,
-        slots: dict[Path, BackendSlot],
+        slots: dict[AnswerPath, BackendSlot],
         system_prompt: str = "",
         versions: dict[SlotKey, BackendSlot] | None = None,
         fallbacks: Fallbacks | None = None,
@@ -268,12 +276,12 @@ class Executor:
         self.fallbacks: Fallbacks = (
             fallbacks
             if fallbacks is not None
-            else {Path.LIGHT: (Path.HEAVY,), Path.HEAVY: (Path.LIGHT,)}
+            else {AnswerPath.LIGHT: (AnswerPath.HEAVY,), AnswerPath.HEAVY: (AnswerPath.LIGHT,)}
         )
         """Where a path's requests go when it cannot serve them (by default
         the built-in registry's: light -> heavy, heavy -> light)."""
 
-    def all_slots(self) -> list[tuple[Path, BackendSlot]]:
+    def all_slots(self) -> list[tuple[AnswerPath, BackendSlot]]:
         """Every slot with its path: the active ones first."""
         return [*self.slots.items(), *((key[0], slot) for key, slot in self.versions.items())]
 
@@ -300,7 +308,7 @@ class Executor:
         streams = streams or {}
         started_ms = _now_ms()
         done: dict[int, Finished] = {}
-        live: dict[tuple[Path, str | None, bool], list[int]] = {}
+        live: dict[tuple[AnswerPath, str | None, bool], list[int]] = {}
         for i, routed in enumerate(batch):
             remaining = routed.remaining_ms(int(started_ms))
             if remaining is not None and remaining <= 0:
@@ -322,13 +330,13 @@ class Executor:
         return [done[i] for i in range(len(batch))]
 
     def _candidates(
-        self, path: Path, version: str | None, shadow: bool = False
-    ) -> list[tuple[Path, str | None, BackendSlot | None]]:
+        self, path: AnswerPath, version: str | None, shadow: bool = False
+    ) -> list[tuple[AnswerPath, str | None, BackendSlot | None]]:
         """Where ``path``'s requests (for ``version``) are tried, in order:
         that version, the path's active version, then the fallback paths'.
         A shadow copy runs on its version or not at all: another version's
         answer would compare nothing."""
-        tried: list[tuple[Path, str | None, BackendSlot | None]] = []
+        tried: list[tuple[AnswerPath, str | None, BackendSlot | None]] = []
         if version is not None:
             tried.append((path, version, self.versions.get((path, version))))
         for candidate in (path, *self.fallbacks.get(path, ())):
@@ -338,7 +346,7 @@ class Executor:
 
     async def _run_path(
         self,
-        path: Path,
+        path: AnswerPath,
         group: list[RoutedRequest],
         batch_size: int,
         version: str | None = None,
@@ -429,7 +437,7 @@ class Executor:
     async def _run_on(
         self,
         slot: BackendSlot,
-        path: Path,
+        path: AnswerPath,
         group: list[RoutedRequest],
         started_ms: float,
         stops: Sequence[asyncio.Event | None],
@@ -481,7 +489,7 @@ class Executor:
         started_ms: float,
         inference_ms: float,
         batch_size: int,
-        served_by: Path | None = None,
+        served_by: AnswerPath | None = None,
         failed: tuple[Failure, ...] = (),
         version: str | None = None,
     ) -> Finished:

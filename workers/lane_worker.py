@@ -38,7 +38,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
-from schemas.messages import InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.classify.registry import load_registry, worker_paths
@@ -209,7 +209,7 @@ class LaneWorker:
             except Exception as exc:
                 problems.append(f"{slot.label}: {exc}")
                 continue
-            if path == Path.RULES or backend.kind == "rules":  # no model to ask
+            if path == AnswerPath.RULES or backend.kind == "rules":  # no model to ask
                 self._probed.add(id(slot))
                 continue
             answered, detail = await probe(backend)
@@ -317,7 +317,7 @@ class LaneWorker:
         paths = tuple(
             _path_card(path, slot)
             for path, slot in self.executor.all_slots()
-            if path != Path.RULES
+            if path != AnswerPath.RULES
             and slot.backend is not None
             and (id(slot) in active or id(slot) in self._probed)
         )
@@ -584,7 +584,7 @@ class LaneWorker:
             await self.spans.aclose()  # what is queued, within the export timeout
 
 
-def _path_card(path: Path, slot: BackendSlot) -> PathCard:
+def _path_card(path: AnswerPath, slot: BackendSlot) -> PathCard:
     backend = slot.backend
     assert backend is not None
     return PathCard(

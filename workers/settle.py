@@ -17,10 +17,10 @@ from pydantic import ValidationError
 
 from schemas.errors import BackendUnavailable
 from schemas.messages import (
+    AnswerPath,
     ErrorInfo,
     InferenceResult,
     Lane,
-    Path,
     RoutedRequest,
     describe_errors,
     peek_routed_address,
@@ -222,6 +222,6 @@ def answer_cache_key(
     is stored under (``Remember``), so bad feedback on it can evict it."""
     if not settings.cache_in_use:
         return None
-    if result.path != Path.CACHE and store_refusal(routed.request, result) is not None:
+    if result.path != AnswerPath.CACHE and store_refusal(routed.request, result) is not None:
         return None
     return cache_key(routed.request, settings.cache, context_digest(routed.history))

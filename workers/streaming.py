@@ -40,7 +40,7 @@ import redis.asyncio as aioredis
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
-from schemas.messages import InferenceResult, Lane, Path, ResultChunk, RoutedRequest
+from schemas.messages import AnswerPath, InferenceResult, Lane, ResultChunk, RoutedRequest
 from schemas.settings import StreamSettings
 from streams.kafka.envelopes import Outbound, chunk_record, closing_chunk
 from streams.ops import REDIS_ERRORS, TIME_PER_TOKEN, TIME_TO_FIRST_TOKEN
@@ -116,7 +116,7 @@ class AnswerStream:
         self._seq = 0
         self._epoch = 0
         """Counts ``begin`` calls: a send that began in an earlier epoch is stale."""
-        self._path: Path | None = routed.path
+        self._path: AnswerPath | None = routed.path
         self._model: str | None = None
         self._first_at: float | None = None
         """``time.time()`` of the first chunk with text (TTFT)."""
@@ -129,7 +129,7 @@ class AnswerStream:
     def request_id(self) -> str:
         return self.routed.request.id
 
-    def begin(self, path: Path, model: str | None) -> None:
+    def begin(self, path: AnswerPath, model: str | None) -> None:
         """A decode of the request starts on ``path``: a new attempt when the
         one before it sent (or has waiting) any text."""
         if self._sent or self._pending or self._numbered:

@@ -56,7 +56,7 @@ import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
-from schemas.messages import InferenceRequest, InferenceResult, Path
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult
 from schemas.settings import CacheSettings
 from streams.cache.embedding import Embedder
 from streams.cache.keys import (
@@ -160,7 +160,7 @@ class CacheHit:
     similarity: float
     """1.0 for an exact hit."""
     model: str | None
-    path: Path
+    path: AnswerPath
     """The path that produced the cached answer (light or heavy)."""
     key: str
     """The entry served (for a semantic hit, the cached prompt's key, not the request's)."""
@@ -247,7 +247,7 @@ def _hit_of(
     model path's answer)."""
     output, model, path, *later = row
     text, path_name = _text(output), _text(path)
-    if not text or not Path.names_model(path_name):
+    if not text or not AnswerPath.names_model(path_name):
         return None
     tokens = _text(later[0]) if later else None
     finish = _text(later[1]) if len(later) > 1 else None
@@ -256,7 +256,7 @@ def _hit_of(
         kind=kind,
         similarity=similarity,
         model=_text(model) or None,
-        path=Path(path_name),
+        path=AnswerPath(path_name),
         key=key,
         completion_tokens=int(tokens) if tokens and tokens.isdigit() else None,
         finish_reason="length" if finish == "length" else "stop",

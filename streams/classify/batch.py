@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from schemas.errors import BackendUnavailable
-from schemas.messages import ChatMessage, Lane, Path, RequestLimits
+from schemas.messages import AnswerPath, ChatMessage, Lane, RequestLimits
 from schemas.settings import Settings
 from streams.cache.embedding import Embedder, MiniLMEmbedder
 from streams.cache.hot_questions import HotQuestions
@@ -504,7 +504,7 @@ class BatchClassifier:
         lookups: BatchLookups,
         router: SmartRouter,
         *,
-        stats: Callable[[], Mapping[Path, PathStats]] = dict,
+        stats: Callable[[], Mapping[AnswerPath, PathStats]] = dict,
         level: Callable[[], int] = lambda: 0,
         serving: Callable[[], Serving | None] = lambda: None,
         gate: RealtimeGate | None = None,
@@ -650,7 +650,7 @@ class BatchClassifier:
             return self._failed(record, exc)
 
     def _route(
-        self, admitted: Admitted, looked: Looked, stats: Mapping[Path, PathStats], level: int
+        self, admitted: Admitted, looked: Looked, stats: Mapping[AnswerPath, PathStats], level: int
     ) -> Classified:
         now_ms = self._clock_ms()
         if not looked.verdict.allowed:
@@ -688,7 +688,7 @@ class BatchClassifier:
             self._drift.observe({name: getattr(features, name) for name in _FEATURES})
         return classified
 
-    def _full_for(self, found: Found) -> Callable[[Path], LaneFull | None] | None:
+    def _full_for(self, found: Found) -> Callable[[AnswerPath], LaneFull | None] | None:
         """The gate, for ``route`` to ask with the path it chose; only for a
         request that may go to a lane (a cache hit or a rule's answer is
         given here whatever it says)."""

@@ -41,11 +41,11 @@ from typing import Literal
 
 from schemas.errors import DeadlineExceeded, InvalidRequest, LanewayError, RateLimited
 from schemas.messages import (
+    AnswerPath,
     ChatMessage,
     InferenceRequest,
     InferenceResult,
     Lane,
-    Path,
     RequestLimits,
     RoutedRequest,
     Timings,
@@ -119,7 +119,7 @@ class Classified:
     request: InferenceRequest | None = None
     reply_to: str | None = None
     decision: Decision | None = field(default=None)
-    router_shadows: tuple[tuple[str, Path], ...] = ()
+    router_shadows: tuple[tuple[str, AnswerPath], ...] = ()
     """Per shadow router version sampled, the path it would have chosen
     (compare with ``decision.path``, the one taken)."""
 
@@ -174,11 +174,11 @@ def route(
     now_ms: int,
     settings: Settings,
     router: SmartRouter,
-    stats: Mapping[Path, PathStats] | None = None,
+    stats: Mapping[AnswerPath, PathStats] | None = None,
     level: int = 0,
     history: Sequence[ChatMessage] = (),
     serving: Serving | None = None,
-    full: Callable[[Path], LaneFull | None] | None = None,
+    full: Callable[[AnswerPath], LaneFull | None] | None = None,
     rollout: RolloutView | None = None,
     tokens: TokenCounter | None = None,
 ) -> Classified:
@@ -275,7 +275,7 @@ def route(
             routed.model_dump_json().encode(),
         )
     ]
-    judged: tuple[tuple[str, Path], ...] = ()
+    judged: tuple[tuple[str, AnswerPath], ...] = ()
     if rollout is not None and level == 0:  # shadows never add to a loaded stack
         out += shadow_copies(routed, rollout, settings)
         if routers is not None and router_version is not None:
@@ -291,9 +291,9 @@ def shadow_router_paths(
     found: Found,
     routers: RouterView,
     router: SmartRouter,
-    stats: Mapping[Path, PathStats],
+    stats: Mapping[AnswerPath, PathStats],
     serving: Serving | None,
-) -> tuple[tuple[str, Path], ...]:
+) -> tuple[tuple[str, AnswerPath], ...]:
     """The path each shadow router version sampled for ``request`` would
     choose, on the inputs of the decision taken (``decision``: its features,
     complexity and lane) and without exploring; nothing here changes what

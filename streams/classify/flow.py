@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from schemas.messages import Lane, Path
+from schemas.messages import AnswerPath, Lane
 from schemas.settings import FlowSettings
 from streams.classify.features import Complexity
 from streams.classify.policy import Decision
@@ -160,7 +160,7 @@ def apply_level(
     level: int,
     retry_after_ms: int,
     full: LaneFull | None = None,
-    cheapest: Path = Path.LIGHT,
+    cheapest: AnswerPath = AnswerPath.LIGHT,
 ) -> Decision | Shed:
     """The policy's decision as the current level allows it. A path changed
     here (to ``cheapest``, the lane's cheapest model path) keeps the chosen

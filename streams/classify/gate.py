@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from schemas.messages import Lane, Path
+from schemas.messages import AnswerPath, Lane
 from schemas.settings import FlowSettings
 from streams.classify.flow import LaneFull, realtime_full
 from streams.stores.workerboard import WorkerCard
@@ -51,7 +51,7 @@ class RealtimeWorker:
 
     capacity: int
     partitions: tuple[int, ...]
-    paths: frozenset[Path]
+    paths: frozenset[AnswerPath]
 
 
 class _Queue:
@@ -138,7 +138,7 @@ class RealtimeGate:
 
     # -- what the classifier asks --------------------------------------------
 
-    def full(self, path: Path | None = None) -> LaneFull | None:
+    def full(self, path: AnswerPath | None = None) -> LaneFull | None:
         """The lane, when it takes no more model requests (for ``path``; any
         path when ``None``) now: when the worker with the most room that
         serves it is full (the lane's sums, where no such worker can be
@@ -154,7 +154,7 @@ class RealtimeGate:
             return LaneFull(Lane.REALTIME, waiting, self._flow.realtime_retry_after_ms)
         return self._queues[best].full(self._by_worker, now)
 
-    def sent(self, n: int = 1, path: Path | None = None) -> int | None:
+    def sent(self, n: int = 1, path: AnswerPath | None = None) -> int | None:
         """``n`` more model requests (for ``path``) routed to the realtime
         lane now; the partition to write them to (``None``: where their key
         hashes)."""
@@ -174,7 +174,7 @@ class RealtimeGate:
         """The records the lane has waiting now, as far as the gate can tell."""
         return self._lane.waiting(self._clock_ms())
 
-    def _best(self, now_ms: int, path: Path | None) -> str | None:
+    def _best(self, now_ms: int, path: AnswerPath | None) -> str | None:
         """The worker judged alone with the most room (serving ``path``,
         when given): not full before spill-full before full, then the
         fewest waiting per slot."""

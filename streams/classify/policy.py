@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.messages import InferenceRequest, Lane, Path
+from schemas.messages import AnswerPath, InferenceRequest, Lane
 from schemas.settings import RoutingSettings
 from streams.cache.response import CacheHit
 from streams.classify.features import (
@@ -59,7 +59,7 @@ class Found:
 @dataclass(frozen=True, slots=True)
 class Decision:
     lane: Lane
-    path: Path
+    path: AnswerPath
     complexity: Complexity = Complexity.SIMPLE
     features: RequestFeatures | None = None
     hit: CacheHit | None = None
@@ -67,7 +67,7 @@ class Decision:
     model: str | None = None
     scores: dict[str, float] = field(default_factory=dict)
     explored: bool = False
-    requested_path: Path | None = None
+    requested_path: AnswerPath | None = None
     """Set when flow control moved the request off the path the router chose."""
     forced: bool = False
     """``force_path`` chose the path: flow control may shed, never move it."""
@@ -87,8 +87,8 @@ def decide(
     found: Found,
     routing: RoutingSettings,
     router: SmartRouter,
-    stats: Mapping[Path, PathStats],
-    serving: Mapping[Lane, Collection[Path]] | None = None,
+    stats: Mapping[AnswerPath, PathStats],
+    serving: Mapping[Lane, Collection[AnswerPath]] | None = None,
     lane: Lane | None = None,
     *,
     named: NamedModel | None = None,
@@ -111,12 +111,12 @@ def decide(
     complexity = complexity_of(features, routing)
     lane = lane or lane_for(request, features, complexity, routing)
     if routing.force_path is not None:
-        path = Path(routing.force_path)
+        path = AnswerPath(routing.force_path)
         model = _model_of(router, path)
         return Decision(lane, path, complexity, features, model=model, forced=True)
     answered_lane = request.lane or Lane.REALTIME  # answered at once, in the classifier
     if found.hit is not None:
-        return Decision(answered_lane, Path.CACHE, complexity, features, hit=found.hit)
+        return Decision(answered_lane, AnswerPath.CACHE, complexity, features, hit=found.hit)
     if named is not None:  # that model's answer: no rule's, no other path's
         return Decision(
             lane_serving(lane, named.path, serving, configured),
@@ -128,7 +128,7 @@ def decide(
             named=named,
         )
     if found.rule is not None:
-        return Decision(answered_lane, Path.RULES, complexity, features, rule=found.rule)
+        return Decision(answered_lane, AnswerPath.RULES, complexity, features, rule=found.rule)
     served = None if serving is None else serving.get(lane, frozenset())
     choice = router.choose(
         complexity, lane, stats, served, features=features, embedding=found.embedding
@@ -154,8 +154,8 @@ _NEAREST = {
 
 def lane_serving(
     lane: Lane,
-    path: Path,
-    serving: Mapping[Lane, Collection[Path]] | None,
+    path: AnswerPath,
+    serving: Mapping[Lane, Collection[AnswerPath]] | None,
     configured: Collection[Lane],
 ) -> Lane:
     """``lane`` if its workers serve ``path``, else the nearest lane that
@@ -169,6 +169,6 @@ def lane_serving(
     return next((candidate for candidate in order if candidate in configured), lane)
 
 
-def _model_of(router: SmartRouter, path: Path) -> str | None:
+def _model_of(router: SmartRouter, path: AnswerPath) -> str | None:
     entry = router.registry.for_path(path)
     return entry.name if entry else None

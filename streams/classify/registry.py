@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Literal
 
 import yaml
@@ -55,7 +55,7 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.messages import AUTO_MODEL, Lane, Path
+from schemas.messages import AUTO_MODEL, AnswerPath, Lane
 from schemas.settings import BackendSettings, Settings
 from streams.classify.features import Complexity
 
@@ -84,9 +84,9 @@ class ModelEntry(BaseModel):
     name: str
     version: str = "1"
     backend: Literal["llamacpp", "openai", "vllm", "rules"]
-    path: Path
+    path: AnswerPath
     """The model path this entry is a version of: ``light`` and ``heavy`` in
-    the built-in registry, or any other name (``Path``'s rules; ``cache`` and
+    the built-in registry, or any other name (``AnswerPath``'s rules; ``cache`` and
     ``rules`` are taken): a third model is a third path."""
     lanes: tuple[Lane, ...] = (Lane.REALTIME, Lane.MEDIUM, Lane.BULK)
     max_complexity: Literal["simple", "moderate", "complex"] = "complex"
@@ -96,7 +96,7 @@ class ModelEntry(BaseModel):
     context (else ``LANEWAY_BACKEND_LLAMACPP_MAX_SEQUENCES``), vLLM's
     ``max_num_seqs`` (else ``LANEWAY_BACKEND_VLLM_MAX_NUM_SEQS``, else vLLM's
     default); an OpenAI-compatible server sets its own."""
-    fallback: tuple[Path, ...] | None = None
+    fallback: tuple[AnswerPath, ...] | None = None
     """Where the path's requests go when none of its versions can serve them
     (backend down, circuit open), in order; read from the active version.
     Unset: every other model path, nearest in capability first (the built-in
@@ -120,7 +120,7 @@ class ModelEntry(BaseModel):
 
     @field_validator("path")
     @classmethod
-    def _a_model_path(cls, path: Path) -> Path:
+    def _a_model_path(cls, path: AnswerPath) -> AnswerPath:
         if not path.is_model:
             raise ValueError(
                 f"{path!s} is not a model path: cache and rules are answered in the classifier"
@@ -128,7 +128,7 @@ class ModelEntry(BaseModel):
         return path
 
     @property
-    def model_path(self) -> Path:
+    def model_path(self) -> AnswerPath:
         return self.path
 
     @property
@@ -140,7 +140,7 @@ class ModelEntry(BaseModel):
 class NamedModel:
     """A model a request named (``InferenceRequest.model``), as the registry knows it."""
 
-    path: Path
+    path: AnswerPath
     version: str | None
     """The version named by its model's name; ``None`` when the path was
     named (the roll-out assigns the version, as for any request)."""
@@ -178,7 +178,7 @@ class ModelRegistry(BaseModel):
         return self
 
     @property
-    def model_paths(self) -> tuple[Path, ...]:
+    def model_paths(self) -> tuple[AnswerPath, ...]:
         """Every model path, in file order."""
         return tuple(dict.fromkeys(m.model_path for m in self.models))
 
@@ -187,15 +187,15 @@ class ModelRegistry(BaseModel):
         """One entry per path: its active version."""
         return tuple(m for m in self.models if m.state == "active")
 
-    def for_path(self, path: Path) -> ModelEntry | None:
+    def for_path(self, path: AnswerPath) -> ModelEntry | None:
         """The path's active version."""
         return next((m for m in self.active_models if m.path == path), None)
 
-    def versions(self, path: Path) -> tuple[ModelEntry, ...]:
+    def versions(self, path: AnswerPath) -> tuple[ModelEntry, ...]:
         """Every version of ``path``, in file order."""
         return tuple(m for m in self.models if m.path == path)
 
-    def fallbacks(self, path: Path) -> tuple[Path, ...]:
+    def fallbacks(self, path: AnswerPath) -> tuple[AnswerPath, ...]:
         """Where ``path``'s requests go when it cannot serve them, in order:
         its active version's ``fallback``, else every other model path,
         nearest in capability first (the more capable on a tie)."""
@@ -214,13 +214,13 @@ class ModelRegistry(BaseModel):
         models = self.active_models
         return [m for m in models if lane in m.lanes] or list(models)
 
-    def cheapest(self, lane: Lane) -> Path:
+    def cheapest(self, lane: Lane) -> AnswerPath:
         """The model path serving ``lane`` that costs least per token (the
         less capable on a tie): the realtime workers' default, and where
         flow control moves work off a dearer path under load."""
         return min(self.serving(lane), key=lambda m: (m.cost_per_1k_tokens, m.capability)).path
 
-    def most_capable(self, lane: Lane) -> Path:
+    def most_capable(self, lane: Lane) -> AnswerPath:
         """The most capable model path serving ``lane`` (the cheaper on a
         tie): the bulk workers' default."""
         return max(self.serving(lane), key=lambda m: (m.capability, -m.cost_per_1k_tokens)).path
@@ -254,7 +254,7 @@ class ModelRegistry(BaseModel):
         """The names a request's ``model`` may give: ``auto`` and ``named``'s."""
         return (AUTO_MODEL, *self._named)
 
-    def version(self, path: Path, version: str) -> ModelEntry | None:
+    def version(self, path: AnswerPath, version: str) -> ModelEntry | None:
         return next((m for m in self.versions(path) if m.version == version), None)
 
     def eligible(self, complexity: Complexity, lane: Lane) -> list[ModelEntry]:
@@ -266,14 +266,14 @@ class ModelRegistry(BaseModel):
         return capable or [max(serving, key=lambda m: m.capability)]
 
 
-def worker_paths(settings: Settings, lane: Lane, registry: ModelRegistry) -> tuple[Path, ...]:
+def worker_paths(settings: Settings, lane: Lane, registry: ModelRegistry) -> tuple[AnswerPath, ...]:
     """The model paths a worker on ``lane`` loads: only the forced one when
     ``routing.force_path`` sends everything down one path; else its lane's
     ``paths``; unset, the registry's paths that serve the lane (all of
     them when none does): realtime the cheapest, bulk the most capable,
     medium every one. A path the registry does not name is a ``RegistryError``."""
     if settings.routing.force_path is not None:
-        chosen: tuple[Path, ...] = (settings.routing.force_path,)
+        chosen: tuple[AnswerPath, ...] = (settings.routing.force_path,)
     elif settings.lane(lane).paths is not None:
         chosen = tuple(settings.lane(lane).paths or ())
     elif lane is Lane.REALTIME:
@@ -292,7 +292,9 @@ def worker_paths(settings: Settings, lane: Lane, registry: ModelRegistry) -> tup
     return chosen
 
 
-def lanes_serving(settings: Settings, registry: ModelRegistry, path: Path) -> tuple[Lane, ...]:
+def lanes_serving(
+    settings: Settings, registry: ModelRegistry, path: AnswerPath
+) -> tuple[Lane, ...]:
     """The lanes whose workers load ``path`` as configured (``worker_paths``;
     a lane configured with a path the registry lacks serves nothing here)."""
     out = []
@@ -314,7 +316,7 @@ def builtin_registry(backend: BackendSettings) -> ModelRegistry:
                 name=backend.light_model,
                 version="q4_1",
                 backend=backend.light,
-                path=Path.LIGHT,
+                path=AnswerPath.LIGHT,
                 max_complexity="simple",
                 cost_per_1k_tokens=0.0002,
                 expected_latency_ms=800,
@@ -323,7 +325,7 @@ def builtin_registry(backend: BackendSettings) -> ModelRegistry:
                 name=backend.heavy_model,
                 version="q4_k_m",
                 backend=backend.heavy,
-                path=Path.HEAVY,
+                path=AnswerPath.HEAVY,
                 max_complexity="complex",
                 cost_per_1k_tokens=0.0010,
                 expected_latency_ms=2_000,
@@ -332,7 +334,7 @@ def builtin_registry(backend: BackendSettings) -> ModelRegistry:
     )
 
 
-def load_registry(path: FsPath | None, backend: BackendSettings) -> ModelRegistry:
+def load_registry(path: Path | None, backend: BackendSettings) -> ModelRegistry:
     if path is None:
         return builtin_registry(backend)
     try:

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from schemas.messages import Lane, Path, QualityEvent
+from schemas.messages import AnswerPath, Lane, QualityEvent
 from schemas.settings import RoutingSettings
 from streams.classify.features import Complexity, RequestFeatures
 from streams.classify.registry import ModelEntry, ModelRegistry
@@ -95,7 +95,7 @@ def ewma(previous: float, sample: float, alpha: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    path: Path
+    path: AnswerPath
     model: str
     scores: dict[str, float]
     explored: bool = False
@@ -105,9 +105,9 @@ class Choice:
 
 def score_paths(
     candidates: Sequence[ModelEntry],
-    stats: Mapping[Path, PathStats],
+    stats: Mapping[AnswerPath, PathStats],
     routing: RoutingSettings,
-) -> dict[Path, float]:
+) -> dict[AnswerPath, float]:
     """Each candidate's score (lower is better)."""
     views = []
     for entry in candidates:
@@ -162,8 +162,8 @@ class SmartRouter:
         self,
         complexity: Complexity,
         lane: Lane,
-        stats: Mapping[Path, PathStats],
-        served: Collection[Path] | None = None,
+        stats: Mapping[AnswerPath, PathStats],
+        served: Collection[AnswerPath] | None = None,
         *,
         features: RequestFeatures | None = None,
         embedding: np.ndarray | None = None,
@@ -188,8 +188,8 @@ class SmartRouter:
             ]
             candidates = live or candidates
         scores = score_paths(candidates, stats, self.routing)
-        if learned is not None and Path.LIGHT in scores:
-            scores[Path.LIGHT] += learned[1]
+        if learned is not None and AnswerPath.LIGHT in scores:
+            scores[AnswerPath.LIGHT] += learned[1]
         healthy = [m for m in candidates if self._healthy(stats.get(m.model_path))]
         best = min(healthy or candidates, key=lambda m: (scores[m.model_path], -m.capability))
         others = [m for m in candidates if m is not best]
@@ -230,15 +230,15 @@ class RouteBoard:
     def __init__(self, redis: object, key_prefix: str) -> None:
         self._redis = redis
         self.key = f"{key_prefix}:route:stats"
-        self.snapshot: dict[Path, PathStats] = {}
+        self.snapshot: dict[AnswerPath, PathStats] = {}
         self.read_at = 0.0
 
-    async def publish(self, stats: Mapping[Path, PathStats]) -> None:
+    async def publish(self, stats: Mapping[AnswerPath, PathStats]) -> None:
         if stats:
             mapping = {path.value: s.to_json() for path, s in stats.items()}
             await self._redis.hset(self.key, mapping=mapping)  # type: ignore[attr-defined]
 
-    async def refresh(self) -> dict[Path, PathStats]:
+    async def refresh(self) -> dict[AnswerPath, PathStats]:
         """Re-read the statistics; on a Redis error keep the last snapshot."""
         try:
             raw = await self._redis.hgetall(self.key)  # type: ignore[attr-defined]
@@ -248,7 +248,7 @@ class RouteBoard:
         snapshot = {}
         for name, value in raw.items():
             try:
-                snapshot[Path(name.decode())] = PathStats.from_json(value)
+                snapshot[AnswerPath(name.decode())] = PathStats.from_json(value)
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("route statistics for %r unreadable: %s", name, exc)
         self.snapshot = snapshot

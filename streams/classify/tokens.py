@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 from schemas.messages import InferenceRequest, Lane
@@ -64,7 +64,7 @@ class TokenCounter:
     runs in ``load``, in the caller's thread. Counting before ``load`` (or
     after it failed) is an error: check ``ready``."""
 
-    def __init__(self, name: str, locate: Callable[[], FsPath]) -> None:
+    def __init__(self, name: str, locate: Callable[[], Path]) -> None:
         self.name = name
         """The model whose vocabulary counts (its registry name)."""
         self._locate = locate

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas.messages import Path
+from schemas.messages import AnswerPath
 from schemas.settings import RoutingSettings
 from streams.classify.features import Complexity, RequestFeatures, complexity_of
 from streams.classify.registry import ModelRegistry
@@ -42,7 +42,7 @@ def rule_heavy(
     features: Sequence[Mapping[str, Any]], routing: RoutingSettings, registry: ModelRegistry
 ) -> np.ndarray:
     """Per row, whether today's feature rule sends it heavy."""
-    light = registry.for_path(Path.LIGHT)
+    light = registry.for_path(AnswerPath.LIGHT)
     capable = light.capability if light is not None else Complexity.SIMPLE
     return np.array(
         [complexity_of(RequestFeatures(**dict(f)), routing) > capable for f in features],

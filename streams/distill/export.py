@@ -35,7 +35,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
 
-from schemas.messages import Feedback, InferenceRequest, InferenceResult, Path, QualityEvent
+from schemas.messages import AnswerPath, Feedback, InferenceRequest, InferenceResult, QualityEvent
 from schemas.settings import Settings
 from streams.classify.features import extract_features
 from streams.classify.registry import ModelRegistry
@@ -144,7 +144,7 @@ class Collected:
         rid, path, output = result.get("id"), result.get("path"), result.get("output")
         if result.get("status", "ok") != "ok":
             return
-        if isinstance(rid, str) and Path.names_model(path) and isinstance(output, str):
+        if isinstance(rid, str) and AnswerPath.names_model(path) and isinstance(output, str):
             self.shadows[rid].append((path, output))
 
 
@@ -205,7 +205,7 @@ def join_rows(
             summary.unanswered += 1
             continue
         path = result.path.value if result.path is not None else None
-        if not Path.names_model(path):
+        if not AnswerPath.names_model(path):
             summary.answered_elsewhere += 1
             continue
         text = request.user_text()
@@ -244,7 +244,7 @@ def join_rows(
             answers[key].setdefault(shadow_path, (output, "shadow"))
     for row in rows:
         known = answers.get(prompt_key(row.prompt), {})
-        light, heavy = known.get(Path.LIGHT.value), known.get(Path.HEAVY.value)
+        light, heavy = known.get(AnswerPath.LIGHT.value), known.get(AnswerPath.HEAVY.value)
         if light is not None and heavy is not None:
             row.light_output, row.heavy_output = light[0], heavy[0]
             row.sources = sorted({light[1], heavy[1]})

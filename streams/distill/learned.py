@@ -29,7 +29,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -198,7 +198,7 @@ class LearnedRouter:
         }
 
     @classmethod
-    def from_file(cls, path: FsPath) -> LearnedRouter:
+    def from_file(cls, path: Path) -> LearnedRouter:
         try:
             artifact = RouterArtifact.model_validate_json(path.read_bytes())
         except OSError as exc:
@@ -207,7 +207,7 @@ class LearnedRouter:
             raise ArtifactError(f"router artifact {path}: not a usable artifact: {exc}") from exc
         return cls(artifact, str(path))
 
-    def save(self, path: FsPath) -> None:
+    def save(self, path: Path) -> None:
         save_artifact(self.artifact, path)
 
     @property
@@ -257,7 +257,7 @@ class LearnedRouter:
         return p, float(_logit(p) - _logit(self.threshold(rows is not None)))
 
 
-def save_artifact(artifact: RouterArtifact, path: FsPath) -> None:
+def save_artifact(artifact: RouterArtifact, path: Path) -> None:
     """Write the artifact as indented JSON (a new file, then renamed in place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")

@@ -19,7 +19,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -216,7 +216,7 @@ def markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_curve(report: Report, path: FsPath, title: str | None = None) -> None:
+def plot_curve(report: Report, path: Path, title: str | None = None) -> None:
     """The quality/cost curve as a PNG (matplotlib, Agg: no display needed)."""
     import matplotlib
 
@@ -257,7 +257,7 @@ def plot_curve(report: Report, path: FsPath, title: str | None = None) -> None:
         plt.close(fig)
 
 
-def write_report(report: Report, out: FsPath) -> list[FsPath]:
+def write_report(report: Report, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "report.json", out / "report.md", out / "curve.png"]
     written[0].write_text(json.dumps(report.as_dict(), indent=1) + "\n")

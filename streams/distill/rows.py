@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
@@ -110,7 +110,7 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-def _format_of(path: FsPath, fmt: str | None) -> Literal["jsonl", "parquet"]:
+def _format_of(path: Path, fmt: str | None) -> Literal["jsonl", "parquet"]:
     if fmt is not None:
         if fmt not in ("jsonl", "parquet"):
             raise RowsError(f"format {fmt!r}: jsonl or parquet")
@@ -129,7 +129,7 @@ def _pyarrow() -> Any:
     return pa, pq
 
 
-def write_rows(rows: Iterable[ExportRow], path: FsPath, fmt: str | None = None) -> int:
+def write_rows(rows: Iterable[ExportRow], path: Path, fmt: str | None = None) -> int:
     """Write ``rows`` to ``path`` (a new file, renamed in place); returns how many."""
     kind = _format_of(path, fmt)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,7 +154,7 @@ def write_rows(rows: Iterable[ExportRow], path: FsPath, fmt: str | None = None) 
     return n
 
 
-def read_rows(path: FsPath, fmt: str | None = None) -> Iterator[ExportRow]:
+def read_rows(path: Path, fmt: str | None = None) -> Iterator[ExportRow]:
     """The rows of an export file, JSONL or Parquet by suffix (or ``fmt``)."""
     kind = _format_of(path, fmt)
     if not path.is_file():

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -275,7 +275,7 @@ def _embed_prompts(prompts: Sequence[str], embed: Callable[[list[str]], np.ndarr
     return np.asarray(vectors[[at[p] for p in prompts]], dtype=np.float32)
 
 
-def write_finetune(rows: Sequence[ExportRow], path: FsPath) -> int:
+def write_finetune(rows: Sequence[ExportRow], path: Path) -> int:
     """Chat JSONL for the light model: the heavy answer to each prompt the
     light path answered, where a heavy answer to it exists (once per prompt)."""
     seen: set[str] = set()

@@ -23,7 +23,7 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -168,7 +168,7 @@ def _gpu_processes(pynvml: Any, handle: Any) -> tuple[tuple[int, str, int], ...]
     out = []
     for proc in running:
         try:
-            name = FsPath(f"/proc/{proc.pid}/comm").read_text().strip()
+            name = Path(f"/proc/{proc.pid}/comm").read_text().strip()
         except OSError:
             name = "?"
         out.append((int(proc.pid), name, int(proc.usedGpuMemory or 0)))
@@ -183,7 +183,7 @@ def read_disks(settings: Settings) -> list[DiskReading]:
         folders.append(("LANEWAY_BACKEND_VLLM_MODEL_DIR", settings.backend.vllm_model_dir))
     out = []
     for what, folder in folders:
-        existing = FsPath(folder)
+        existing = Path(folder)
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
         try:

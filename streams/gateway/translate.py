@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, describe_errors
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, describe_errors
 from streams.gateway.errors import GatewayError
 
 __all__ = [
@@ -301,7 +301,7 @@ def laneway_headers(
     *,
     request_id: str,
     lane: Lane | None,
-    path: Path | None,
+    path: AnswerPath | None,
     model: str | None,
     version: str | None = None,
 ) -> dict[str, str]:
@@ -311,7 +311,7 @@ def laneway_headers(
         headers["X-Laneway-Lane"] = lane.value
     if path is not None:
         headers["X-Laneway-Path"] = path.value
-        headers["X-Laneway-Cache-Hit"] = "true" if path == Path.CACHE else "false"
+        headers["X-Laneway-Cache-Hit"] = "true" if path == AnswerPath.CACHE else "false"
     if model is not None:
         headers["X-Laneway-Model"] = model
         if model.startswith("rules:"):

@@ -61,7 +61,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from schemas.errors import InvalidRequest
-from schemas.messages import Feedback, Path, QualityEvent, describe_errors
+from schemas.messages import AnswerPath, Feedback, QualityEvent, describe_errors
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.classify.registry import load_registry
@@ -406,7 +406,7 @@ class Answered:
     """What feedback on an answer is joined to: the path that gave it and
     the cache entry it came from or was stored under."""
 
-    path: Path
+    path: AnswerPath
     cache_key: str | None = None
     version: str | None = None
     router_version: str | None = None
@@ -427,13 +427,13 @@ class Answered:
         text = raw.decode() if isinstance(raw, bytes) else raw
         try:
             if text in _BARE_PATHS:
-                return cls(Path(text))
+                return cls(AnswerPath(text))
             data = json.loads(text)
             key = data.get("cache_key")
             version = data.get("version")
             router_version = data.get("router_version")
             return cls(
-                Path(data["path"]),
+                AnswerPath(data["path"]),
                 key if isinstance(key, str) else None,
                 version if isinstance(version, str) else None,
                 router_version if isinstance(router_version, str) else None,

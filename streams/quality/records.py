@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.messages import Feedback, Lane, Path, QualityEvent
+from schemas.messages import AnswerPath, Feedback, Lane, QualityEvent
 from schemas.settings import Settings
 from streams.classify.router import PathStats
 from streams.rollout.rollback import RouterRecord
@@ -43,7 +43,7 @@ ROUTER_FIELD = "router"
 """Before the separator in a router version's record: ``router~lr-1@3``."""
 
 
-def version_field(path: Path, version: str, partition: int | str) -> str:
+def version_field(path: AnswerPath, version: str, partition: int | str) -> str:
     return f"{path.value}{VERSION_SEP}{version}@{partition}"
 
 
@@ -158,7 +158,7 @@ class PartStats:
         if counts_outcome(event):
             self.ts_ms.append(event.ts_ms)
             self.ts_ms = self.ts_ms[-len(self.stats.outcomes) :]
-            self.heavy.append(1 if event.path == Path.HEAVY else 0)
+            self.heavy.append(1 if event.path == AnswerPath.HEAVY else 0)
             self.heavy = self.heavy[-len(self.stats.outcomes) :]
             if event.success:
                 self.samples.append((event.ts_ms, event.latency_ms))
@@ -262,14 +262,14 @@ def _merged_quality(parts: list[PartStats], window: int, weight: float) -> float
 
 def merge_all(
     fields: dict[str, PartStats], window: int, alpha: float, feedback_weight: float = 0.5
-) -> dict[Path, PathStats]:
+) -> dict[AnswerPath, PathStats]:
     """Every path's merged record from ``<path>@<partition>`` fields."""
-    by_path: dict[Path, list[PartStats]] = {}
+    by_path: dict[AnswerPath, list[PartStats]] = {}
     for name, part in fields.items():
         path_name, _, partition = name.partition("@")
-        if not partition or not Path.valid(path_name):
+        if not partition or not AnswerPath.valid(path_name):
             continue
-        by_path.setdefault(Path(path_name), []).append(part)
+        by_path.setdefault(AnswerPath(path_name), []).append(part)
     return {path: merge(parts, window, alpha, feedback_weight) for path, parts in by_path.items()}
 
 
@@ -277,18 +277,18 @@ def merge_versions(
     fields: dict[str, PartStats],
     window: int,
     alpha: float,
-    since: Callable[[Path, str], int] = lambda path, version: 0,
+    since: Callable[[AnswerPath, str], int] = lambda path, version: 0,
     feedback_weight: float = 0.5,
-) -> dict[tuple[Path, str], PathStats]:
+) -> dict[tuple[AnswerPath, str], PathStats]:
     """Every version's merged record from ``<path>~<version>@<partition>``
     fields, each over its outcomes from ``since(path, version)`` on."""
-    by_version: dict[tuple[Path, str], list[PartStats]] = {}
+    by_version: dict[tuple[AnswerPath, str], list[PartStats]] = {}
     for name, part in fields.items():
         head, _, partition = name.rpartition("@")
         path_name, sep, version = head.partition(VERSION_SEP)
-        if not partition or not sep or not Path.valid(path_name):
+        if not partition or not sep or not AnswerPath.valid(path_name):
             continue
-        by_version.setdefault((Path(path_name), version), []).append(part)
+        by_version.setdefault((AnswerPath(path_name), version), []).append(part)
     return {
         key: merge([p.since(since(*key)) for p in parts], window, alpha, feedback_weight)
         for key, parts in by_version.items()

@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from schemas.messages import InferenceRequest, Lane, Path
+from schemas.messages import AnswerPath, InferenceRequest, Lane
 from streams.classify.registry import ModelEntry, ModelRegistry
 
 if TYPE_CHECKING:
@@ -104,13 +104,13 @@ class RolloutView:
 
     registry: ModelRegistry
     """The registry file with the live states laid over it."""
-    served: Mapping[Lane, frozenset[tuple[Path, str]]] | None = None
+    served: Mapping[Lane, frozenset[tuple[AnswerPath, str]]] | None = None
     """Per lane, the (path, version) pairs live workers serve (``None``: not known)."""
     routers: RouterView | None = None
     """The router versions (``None``: no router version is named; the
     SmartRouter's own learned router, if any, decides)."""
 
-    def version_for(self, request: InferenceRequest, path: Path, lane: Lane) -> str | None:
+    def version_for(self, request: InferenceRequest, path: AnswerPath, lane: Lane) -> str | None:
         """The version of ``path`` that answers ``request`` on ``lane``."""
         if not path.is_model:
             return None
@@ -119,7 +119,7 @@ class RolloutView:
             served = {v for p, v in self.served.get(lane, frozenset()) if p == path}
         return pick_version(self.registry.versions(path), assignment_key(request), served)
 
-    def shadows_for(self, request: InferenceRequest, path: Path) -> list[tuple[str, Lane]]:
+    def shadows_for(self, request: InferenceRequest, path: AnswerPath) -> list[tuple[str, Lane]]:
         """The shadow versions of ``path`` that get a copy of ``request``,
         each with the lane it rides; a shadow no live worker serves gets none."""
         if not path.is_model:
@@ -132,7 +132,7 @@ class RolloutView:
                 out.append((version, lane))
         return out
 
-    def _shadow_lane(self, path: Path, version: str) -> Lane | None:
+    def _shadow_lane(self, path: AnswerPath, version: str) -> Lane | None:
         if self.served is None:
             return SHADOW_LANES[0]
         for lane in SHADOW_LANES:

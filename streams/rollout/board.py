@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from schemas.messages import Path
+from schemas.messages import AnswerPath
 from streams.classify.registry import ModelRegistry
 from streams.rollout.assign import RolloutView
 from streams.rollout.routers import ROUTER_KIND, ROUTER_NAME, RouterCatalog, describe
@@ -77,7 +77,7 @@ class RolloutBoard:
         live = self.router_overrides.get(version)
         return live.at_ms if live is not None else 0
 
-    def since_ms(self, path: Path, version: str) -> int:
+    def since_ms(self, path: AnswerPath, version: str) -> int:
         live = self.overrides.get((path, version))
         return live.at_ms if live is not None else 0
 

@@ -33,13 +33,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
-from schemas.messages import InferenceRequest, Path
+from schemas.messages import AnswerPath, InferenceRequest
 from schemas.settings import RoutingSettings
 from streams.classify.registry import VersionState
 from streams.distill.learned import ArtifactError, LearnedRouter
@@ -216,7 +216,7 @@ class RouterCatalog:
     def __init__(self, routing: RoutingSettings) -> None:
         self.directory = routing.learned_router_dir
         self.default_file = routing.learned_router
-        self._loaded: dict[FsPath, tuple[float, LearnedRouter | None]] = {}
+        self._loaded: dict[Path, tuple[float, LearnedRouter | None]] = {}
         self._by_version: dict[str, LearnedRouter | None] = {}
         self.defaults: list[RouterVersion] = [RouterVersion(RULE_VERSION, "active")]
 
@@ -228,7 +228,7 @@ class RouterCatalog:
     def scan(self) -> list[RouterVersion]:
         """Re-list the artifacts (loading new or changed files) and return
         every version with its default state."""
-        files: list[FsPath] = []
+        files: list[Path] = []
         if self.directory is not None:
             try:
                 files = sorted(self.directory.glob("*.json"))
@@ -259,7 +259,7 @@ class RouterCatalog:
         ]
         return self.defaults
 
-    def _load(self, path: FsPath) -> tuple[LearnedRouter | None, str]:
+    def _load(self, path: Path) -> tuple[LearnedRouter | None, str]:
         """The artifact and its version (an unreadable one: None and the file's stem)."""
         try:
             mtime = path.stat().st_mtime
@@ -324,12 +324,12 @@ class ShadowTally:
 
     counts: dict[str, _Count] = field(default_factory=dict)
 
-    def note(self, version: str, taken: Path, shadow: Path) -> None:
+    def note(self, version: str, taken: AnswerPath, shadow: AnswerPath) -> None:
         count = self.counts.setdefault(version, _Count())
         count.n += 1
         count.agree += taken == shadow
-        count.heavy += shadow == Path.HEAVY
-        count.live_heavy += taken == Path.HEAVY
+        count.heavy += shadow == AnswerPath.HEAVY
+        count.live_heavy += taken == AnswerPath.HEAVY
         SHADOW_DECISIONS.labels(version, "yes" if taken == shadow else "no").inc()
 
     async def flush(self, redis: Any, key: str) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from schemas.messages import Path
+from schemas.messages import AnswerPath
 from streams.classify.registry import ModelEntry, ModelRegistry, VersionState
 from streams.stores.failopen import FailOpen
 
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 MODEL_KIND = "model"
 """The kind of the roll-out fields of model versions."""
 
-Overrides = dict[tuple[Path, str], "VersionRollout"]
+Overrides = dict[tuple[AnswerPath, str], "VersionRollout"]
 """Per (path, version), the live state laid over the registry file's."""
 
 
@@ -96,7 +96,7 @@ class VersionRollout:
         )
 
 
-def field_name(subject: Path | str, version: str, kind: str = MODEL_KIND) -> str:
+def field_name(subject: AnswerPath | str, version: str, kind: str = MODEL_KIND) -> str:
     """``<kind>:<subject>:<version>``: ``model:heavy:2``."""
     return f"{kind}:{subject}:{version}"
 
@@ -112,7 +112,7 @@ def parse_field(name: str) -> tuple[str, str, str] | None:
 
 
 def apply(
-    registry: ModelRegistry, overrides: Mapping[tuple[Path, str], VersionRollout]
+    registry: ModelRegistry, overrides: Mapping[tuple[AnswerPath, str], VersionRollout]
 ) -> ModelRegistry:
     """The registry file with the live states and shares laid over it."""
     if not overrides:
@@ -153,19 +153,19 @@ def _entry(registry: ModelRegistry, path: str, version: str | None = None) -> Mo
     if path not in known:
         raise RolloutError(f"unknown path {path!r}: the registry has {sorted(known)}")
     if version is None:
-        entry = registry.for_path(Path(path))
+        entry = registry.for_path(AnswerPath(path))
         assert entry is not None
         return entry
-    entry = registry.version(Path(path), version)
+    entry = registry.version(AnswerPath(path), version)
     if entry is None:
-        versions = [m.version for m in registry.versions(Path(path))]
+        versions = [m.version for m in registry.versions(AnswerPath(path))]
         raise RolloutError(f"path {path} has no version {version!r}: it has {versions}")
     return entry
 
 
 def promote(
     registry: ModelRegistry, path: str, version: str, *, now_ms: int
-) -> dict[tuple[Path, str], VersionRollout]:
+) -> dict[tuple[AnswerPath, str], VersionRollout]:
     """``version`` becomes the path's active version; the one before it retires."""
     entry = _entry(registry, path, version)
     current = _entry(registry, path)
@@ -179,7 +179,7 @@ def promote(
 
 def canary(
     registry: ModelRegistry, path: str, version: str, share: float, *, now_ms: int
-) -> dict[tuple[Path, str], VersionRollout]:
+) -> dict[tuple[AnswerPath, str], VersionRollout]:
     """``version`` gets ``share`` of the path's traffic."""
     entry = _entry(registry, path, version)
     if not 0 <= share <= 1:
@@ -191,7 +191,7 @@ def canary(
 
 def shadow(
     registry: ModelRegistry, path: str, version: str, share: float | None, *, now_ms: int
-) -> dict[tuple[Path, str], VersionRollout]:
+) -> dict[tuple[AnswerPath, str], VersionRollout]:
     """``version`` gets a copy of ``share`` of the path's requests (all when ``None``)."""
     entry = _entry(registry, path, version)
     if share is not None and not 0 <= share <= 1:
@@ -203,10 +203,12 @@ def shadow(
 
 def rollback(
     registry: ModelRegistry, path: str, *, now_ms: int, by: str = "cli", reason: str | None = None
-) -> dict[tuple[Path, str], VersionRollout]:
+) -> dict[tuple[AnswerPath, str], VersionRollout]:
     """Every canary of ``path`` with traffic goes back to share 0."""
     _entry(registry, path)
-    live = [m for m in registry.versions(Path(path)) if m.state == "canary" and m.traffic_share]
+    live = [
+        m for m in registry.versions(AnswerPath(path)) if m.state == "canary" and m.traffic_share
+    ]
     if not live:
         raise RolloutError(f"path {path} has no canary with traffic to roll back")
     return {
@@ -241,7 +243,7 @@ class RolloutStore:
         fields = await self.read_kind(MODEL_KIND)
         if fields is None:
             return None
-        return {(Path(s), v): live for (s, v), live in fields.items() if Path.valid(s)}
+        return {(AnswerPath(s), v): live for (s, v), live in fields.items() if AnswerPath.valid(s)}
 
     async def read_kind(self, kind: str) -> dict[tuple[str, str], VersionRollout] | None:
         """Every live state of ``kind`` by (subject, version): the same hash
@@ -265,7 +267,7 @@ class RolloutStore:
 
     async def write(
         self,
-        changes: Mapping[tuple[Path, str], VersionRollout]
+        changes: Mapping[tuple[AnswerPath, str], VersionRollout]
         | Mapping[tuple[str, str], VersionRollout],
         kind: str = MODEL_KIND,
     ) -> None:
@@ -276,7 +278,13 @@ class RolloutStore:
             await self._redis.hset(self.key, mapping=mapping)
 
     async def drain(
-        self, path: Path | str, version: str, reason: str, *, now_ms: int, kind: str = MODEL_KIND
+        self,
+        path: AnswerPath | str,
+        version: str,
+        reason: str,
+        *,
+        now_ms: int,
+        kind: str = MODEL_KIND,
     ) -> bool:
         """Set a canary to share 0 because of ``reason``; ``True`` only for
         the caller that drained it (a canary already at 0 is left alone), so
@@ -295,7 +303,9 @@ class RolloutStore:
         await self._redis.delete(self.key)
 
 
-def since(overrides: Mapping[tuple[Path, str], VersionRollout], path: Path, version: str) -> int:
+def since(
+    overrides: Mapping[tuple[AnswerPath, str], VersionRollout], path: AnswerPath, version: str
+) -> int:
     """When ``version``'s live state was last set (0: never, the file's)."""
     live = overrides.get((path, version))
     return live.at_ms if live is not None else 0

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from schemas.messages import Lane, Path
+from schemas.messages import AnswerPath, Lane
 from streams.stores.failopen import FailOpen
 
 __all__ = [
@@ -39,16 +39,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Serving = Mapping[Lane, frozenset[Path]]
+Serving = Mapping[Lane, frozenset[AnswerPath]]
 """Per lane, the paths some live worker serves."""
 
-Versions = Mapping[Lane, frozenset[tuple[Path, str]]]
+Versions = Mapping[Lane, frozenset[tuple[AnswerPath, str]]]
 """Per lane, the (path, version) pairs some live worker serves."""
 
 
 @dataclass(frozen=True, slots=True)
 class PathCard:
-    path: Path
+    path: AnswerPath
     backend: str
     model: str
     device: str
@@ -80,7 +80,7 @@ class WorkerCard:
     def from_json(cls, raw: str | bytes) -> WorkerCard:
         data = json.loads(raw)
         paths = tuple(
-            PathCard(Path(p["path"]), p["backend"], p["model"], p["device"], p.get("version"))
+            PathCard(AnswerPath(p["path"]), p["backend"], p["model"], p["device"], p.get("version"))
             for p in data["paths"]
         )
         partitions = data.get("partitions")
@@ -94,9 +94,9 @@ class WorkerCard:
         )
 
 
-def served_paths(cards: Sequence[WorkerCard]) -> dict[Lane, frozenset[Path]]:
+def served_paths(cards: Sequence[WorkerCard]) -> dict[Lane, frozenset[AnswerPath]]:
     """Per lane, the paths its live workers serve (lanes with none are absent)."""
-    serving: dict[Lane, set[Path]] = {}
+    serving: dict[Lane, set[AnswerPath]] = {}
     for card in cards:
         serving.setdefault(card.lane, set()).update(p.path for p in card.paths)
     return {lane: frozenset(paths) for lane, paths in serving.items()}
@@ -112,9 +112,9 @@ def lane_capacity(cards: Sequence[WorkerCard]) -> dict[Lane, int]:
     return capacity
 
 
-def served_versions(cards: Sequence[WorkerCard]) -> dict[Lane, frozenset[tuple[Path, str]]]:
+def served_versions(cards: Sequence[WorkerCard]) -> dict[Lane, frozenset[tuple[AnswerPath, str]]]:
     """Per lane, the (path, version) pairs its live workers serve."""
-    serving: dict[Lane, set[tuple[Path, str]]] = {}
+    serving: dict[Lane, set[tuple[AnswerPath, str]]] = {}
     for card in cards:
         serving.setdefault(card.lane, set()).update(
             (p.path, p.version) for p in card.paths if p.version is not None

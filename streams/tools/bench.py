@@ -19,7 +19,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any, Protocol
 
 from schemas.messages import InferenceResult, Lane
@@ -449,7 +449,7 @@ def stack_for(
     settings: Settings,
     embedded: bool,
     realtime_workers: int = 1,
-    log_path: FsPath | None = None,
+    log_path: Path | None = None,
 ) -> Iterator[Settings]:
     """The settings to bench against: ``settings`` as they are, or an
     embedded stack's (its own broker; LANEWAY_REDIS_URL's Redis when set,

@@ -36,12 +36,12 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from schemas.messages import InferenceRequest, InferenceResult, Path
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.kafka.topics import create_topics, wait_for_broker
@@ -120,7 +120,7 @@ def phase_requests(phase: str, n: int, tag: str) -> list[dict[str, Any]]:
 def expected_kind(phase: str, result: InferenceResult) -> bool:
     model = result.model or ""
     if phase == "rules":
-        return result.path == Path.RULES
+        return result.path == AnswerPath.RULES
     return model.startswith(f"cache:{phase}:")
 
 
@@ -146,7 +146,7 @@ def cpu_seconds(pid: int | None) -> float | None:
     if pid is None:
         return None
     try:
-        fields = FsPath(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -162,7 +162,7 @@ class Classifier:
     """One classifier process on topics and Redis keys of its own."""
 
     def __init__(
-        self, settings: Settings, label: str, source: FsPath | None, tag: str | None = None
+        self, settings: Settings, label: str, source: Path | None, tag: str | None = None
     ) -> None:
         """``tag``: topic prefix, Redis prefix and app id (consumer group); one
         of its own unless given (replicas of one classifier share it)."""
@@ -176,7 +176,7 @@ class Classifier:
             update={"kafka": kafka, "redis": redis, "app_id": self.tag}
         )
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = FsPath(os.environ.get("TMPDIR", "/tmp")) / f"{self.tag}-{label}.log"
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"{self.tag}-{label}.log"
 
     def start(self, timeout_s: float = 180.0) -> None:
         env = {
@@ -239,7 +239,11 @@ async def _seed_cache(settings: Settings) -> None:
         for i, prompt in enumerate(stored):
             request = InferenceRequest(id=f"seed-{i}", prompt=prompt, max_tokens=16)
             result = InferenceResult(
-                id=request.id, status="ok", output=f"answer {i}", path=Path.LIGHT, model="seed"
+                id=request.id,
+                status="ok",
+                output=f"answer {i}",
+                path=AnswerPath.LIGHT,
+                model="seed",
             )
             if not await cache.store(request, result):
                 raise RuntimeError(f"could not seed the cache with {prompt!r}")
@@ -368,7 +372,7 @@ def _services(settings: Settings, external_broker: bool) -> Iterator[Settings]:
                 redis.stop()
 
 
-def _run_one(settings: Settings, label: str, source: FsPath | None, n: int) -> list[PhaseRow]:
+def _run_one(settings: Settings, label: str, source: Path | None, n: int) -> list[PhaseRow]:
     classifier = Classifier(settings, label, source)
 
     async def prepare() -> None:
@@ -388,7 +392,7 @@ def run_classifier_bench(
     settings: Settings,
     args: argparse.Namespace,
     *,
-    baseline: FsPath | None = None,
+    baseline: Path | None = None,
     baseline_n: int | None = None,
 ) -> int:
     """Measure, print the table; 1 when a request went unanswered."""
@@ -414,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_classifier", description=__doc__)
     parser.add_argument("-n", "--requests", type=int, default=5000)
     parser.add_argument("--bootstrap", help="use this broker instead of an embedded one")
-    parser.add_argument("--baseline", type=FsPath, help="another checkout to measure first")
+    parser.add_argument("--baseline", type=Path, help="another checkout to measure first")
     parser.add_argument("--baseline-n", type=int, help="requests per phase for the baseline")
     args = parser.parse_args(argv)
     settings = Settings()

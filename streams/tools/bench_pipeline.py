@@ -21,11 +21,11 @@ import json
 import tempfile
 import time
 import uuid
-from pathlib import Path as FsPath
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.tools.bench_backend import Rate, bench_prompts, direct_rates, format_rates
 from streams.tools.bench_classifier import cpu_seconds
@@ -33,10 +33,10 @@ from streams.tools.supervisor import Stack
 
 __all__ = ["run_pipeline_bench"]
 
-MODELS = {"light": Path.LIGHT, "heavy": Path.HEAVY}
+MODELS = {"light": AnswerPath.LIGHT, "heavy": AnswerPath.HEAVY}
 
 
-def _child_env(settings: Settings, path: Path, model: str, batch: int) -> dict[str, str]:
+def _child_env(settings: Settings, path: AnswerPath, model: str, batch: int) -> dict[str, str]:
     """One bulk worker that serves ``model`` on ``path`` in batches of ``batch``."""
     return {
         "LANEWAY_APP_ID": f"pipeline-{uuid.uuid4().hex[:6]}",
@@ -57,7 +57,7 @@ def _child_env(settings: Settings, path: Path, model: str, batch: int) -> dict[s
 
 async def _through_kafka(
     settings: Settings,
-    path: Path,
+    path: AnswerPath,
     model: str,
     prompts: list[str],
     max_tokens: int,
@@ -136,13 +136,15 @@ async def _through_kafka(
 
 def run_pipeline_bench(settings: Settings, args: argparse.Namespace) -> int:
     path = MODELS[args.path]
-    model = settings.backend.heavy_model if path == Path.HEAVY else settings.backend.light_model
+    model = (
+        settings.backend.heavy_model if path == AnswerPath.HEAVY else settings.backend.light_model
+    )
     batch = args.pipeline_batch
     prompts = bench_prompts(args.requests)
     direct = asyncio.run(
         direct_rates(settings.backend, model, [batch], prompts, args.max_tokens, "llamacpp", (2,))
     )[0]
-    log_dir = FsPath(tempfile.mkdtemp(prefix="laneway-pipeline-"))
+    log_dir = Path(tempfile.mkdtemp(prefix="laneway-pipeline-"))
     with open(log_dir / "stack.log", "w") as out:
         stack = Stack(
             settings,

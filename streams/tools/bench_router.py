@@ -47,7 +47,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,7 @@ from schemas.settings import BackendSettings, Settings
 
 __all__ = ["add_router_arguments", "load_prompts", "run_router_bench"]
 
-PROMPTS_FILE = FsPath(__file__).parents[1] / "distill" / "prompts.jsonl"
+PROMPTS_FILE = Path(__file__).parents[1] / "distill" / "prompts.jsonl"
 ROUTELLM_ANCHOR = (
     "RouteLLM (Ong et al. 2024): over 85% cost reduction on MT Bench at 95% of GPT-4 quality"
 )
@@ -86,7 +86,7 @@ class Prompt:
     topic: str
 
 
-def load_prompts(path: FsPath = PROMPTS_FILE) -> list[Prompt]:
+def load_prompts(path: Path = PROMPTS_FILE) -> list[Prompt]:
     out = []
     for line in path.read_text().splitlines():
         if line.strip():
@@ -95,9 +95,9 @@ def load_prompts(path: FsPath = PROMPTS_FILE) -> list[Prompt]:
     return out
 
 
-def _cache_file() -> FsPath:
-    base = os.environ.get("XDG_CACHE_HOME") or str(FsPath.home() / ".cache")
-    return FsPath(base) / "laneway" / "bench-router-answers.json"
+def _cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "laneway" / "bench-router-answers.json"
 
 
 async def _answers(
@@ -279,7 +279,7 @@ def run_router_bench(settings: Settings, args: argparse.Namespace) -> int:
     rule_point = point(rule, good)
     kinds = np.array([q.kind for q in prompts])
     heavy_share = float(rule.mean())  # calibrate the learned router to the rule's share
-    out_dir = FsPath(args.router_out or _cache_file().with_name("bench-router"))
+    out_dir = Path(args.router_out or _cache_file().with_name("bench-router"))
     lines = [
         f"laneway bench --router: {len(rows)} prompts ({int((kinds == 'easy').sum())} easy, "
         f"{int((kinds == 'hard').sum())} hard), answers of up to {args.router_max_tokens} "

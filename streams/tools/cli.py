@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 from schemas.messages import Lane
@@ -246,24 +246,24 @@ def _add_log_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-file",
-        type=FsPath,
+        type=Path,
         default=None,
         help="where the processes' logs go (default: ~/.cache/laneway/logs/<command>-<time>.log)",
     )
 
 
-def _log_path(args: argparse.Namespace) -> FsPath | None:
+def _log_path(args: argparse.Namespace) -> Path | None:
     """Where ``up``/``demo`` write their processes' logs; ``None`` with ``-v``
     (they go to the console)."""
     if args.verbose:
         return None
     if args.log_file is not None:
-        return FsPath(args.log_file)
+        return Path(args.log_file)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return FsPath.home() / ".cache" / "laneway" / "logs" / f"{args.command}-{stamp}.log"
+    return Path.home() / ".cache" / "laneway" / "logs" / f"{args.command}-{stamp}.log"
 
 
-def _quiet(settings: Settings, args: argparse.Namespace) -> FsPath | None:
+def _quiet(settings: Settings, args: argparse.Namespace) -> Path | None:
     """Unless ``-v``: this process's log joins its children's in the log
     file, and the console keeps status lines, warnings and errors."""
     path = _log_path(args)
@@ -491,8 +491,6 @@ def _prewarm(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _schema(settings: Settings, args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from schemas.wire_schema import SCHEMA_DIR, export
 
     for path in export(Path(args.out) if args.out else SCHEMA_DIR):

@@ -16,7 +16,7 @@ import json
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -138,7 +138,7 @@ def _run_export(settings: Settings, args: argparse.Namespace) -> int:
     from streams.distill.rows import write_rows
 
     rows = _export(settings, args)
-    n = write_rows(rows, FsPath(args.out), args.format)
+    n = write_rows(rows, Path(args.out), args.format)
     print(f"{n} rows written to {args.out}")
     return 0
 
@@ -147,7 +147,7 @@ def _run_train(settings: Settings, args: argparse.Namespace) -> int:
     from streams.distill.rows import read_rows
     from streams.distill.train import train_router, write_finetune
 
-    rows = list(read_rows(FsPath(args.rows)))
+    rows = list(read_rows(Path(args.rows)))
     span = [r.ts_ms for r in rows]
     window = {
         "rows": args.rows,
@@ -164,7 +164,7 @@ def _run_train(settings: Settings, args: argparse.Namespace) -> int:
         window=window,
     )
     artifact = trained.router.artifact
-    trained.router.save(FsPath(args.out))
+    trained.router.save(Path(args.out))
     print(f"learned router {artifact.version} written to {args.out}")
     print(f"labels: {artifact.labels} of {artifact.rows} training rows")
     print(
@@ -173,7 +173,7 @@ def _run_train(settings: Settings, args: argparse.Namespace) -> int:
     )
     print(f"metrics: {json.dumps(artifact.metrics)}")
     if args.finetune_out:
-        n = write_finetune(rows, FsPath(args.finetune_out))
+        n = write_finetune(rows, Path(args.finetune_out))
         print(f"{n} fine-tuning conversations written to {args.finetune_out}")
     return 0
 
@@ -184,9 +184,9 @@ def _run_report(settings: Settings, args: argparse.Namespace) -> int:
     from streams.distill.rows import read_rows
     from streams.distill.train import held_out
 
-    router = LearnedRouter.from_file(FsPath(args.artifact))
+    router = LearnedRouter.from_file(Path(args.artifact))
     if args.rows:
-        rows = list(read_rows(FsPath(args.rows)))
+        rows = list(read_rows(Path(args.rows)))
     elif args.since:
         rows = _export(settings, args)
     else:
@@ -205,7 +205,7 @@ def _run_report(settings: Settings, args: argparse.Namespace) -> int:
         agree_at=args.agree_at,
         min_labels=args.min_labels,
     )
-    out = FsPath(args.out or f"report-{router.version}")
+    out = Path(args.out or f"report-{router.version}")
     for path in write_report(report, out):
         print(path)
     print(f"{'PROMOTE' if report.promote else 'DO NOT PROMOTE'} {router.version}: {report.reason}")

@@ -28,7 +28,7 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -266,7 +266,7 @@ async def _router_rows(
             {
                 "path": router_rollout.ROUTER_SUBJECT,
                 "version": entry.version,
-                "model": FsPath(source).name if entry.source else source,
+                "model": Path(source).name if entry.source else source,
                 "state": entry.state,
                 "share": share,
                 "workers": [],

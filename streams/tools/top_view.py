@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from schemas.messages import Lane, Path
+from schemas.messages import AnswerPath, Lane
 from streams.classify.router import PathStats
 from streams.stores.workerboard import WorkerCard
 
@@ -125,7 +125,7 @@ class LaneRow:
 
 @dataclass(frozen=True, slots=True)
 class PathRow:
-    path: Path
+    path: AnswerPath
     share: float | None
     """This path's part of the terminal results since the processes started."""
     success: float | None
@@ -157,7 +157,7 @@ def snapshot(
     newer: Scrape,
     *,
     workers: Sequence[WorkerCard] | None,
-    stats: Mapping[Path, PathStats],
+    stats: Mapping[AnswerPath, PathStats],
     backlog: Mapping[Lane, int] | None = None,
 ) -> Snapshot:
     """The view between two scrapes (rates need ``older``)."""
@@ -256,13 +256,13 @@ def _difference(older: Scrape | None, newer: Scrape, name: str, **match: str) ->
 
 
 def _paths_shown(
-    stats: Mapping[Path, PathStats],
+    stats: Mapping[AnswerPath, PathStats],
     routed: Mapping[str, float],
     workers: Sequence[WorkerCard] | None,
-) -> list[Path]:
+) -> list[AnswerPath]:
     """Cache, rules and the built-in model paths, then every other path the
     statistics, the results or the workers name (a registry's own paths)."""
-    named = {*stats, *(n for n in routed if Path.valid(n))}
+    named = {*stats, *(n for n in routed if AnswerPath.valid(n))}
     named |= {p.path for card in workers or () for p in card.paths}
-    first = [Path.CACHE, Path.RULES, Path.LIGHT, Path.HEAVY]
-    return first + sorted(Path(n) for n in named if n not in first)
+    first = [AnswerPath.CACHE, AnswerPath.RULES, AnswerPath.LIGHT, AnswerPath.HEAVY]
+    return first + sorted(AnswerPath(n) for n in named if n not in first)

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path as FsPath
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.embedding import MiniLMEmbedder
 from streams.client import LanewayClient
@@ -35,7 +35,7 @@ from workers.lane_worker import LaneWorker
 
 # The stack's rule file: the shipped example, copied so a test can edit it
 # (hot reload). Written by the ``stack`` fixture before the stack starts.
-RULES_FILE = FsPath(tempfile.gettempdir()) / f"laneway-rules-{uuid.uuid4().hex[:8]}.yaml"
+RULES_FILE = Path(tempfile.gettempdir()) / f"laneway-rules-{uuid.uuid4().hex[:8]}.yaml"
 
 # Test-sized lanes: bulk batches of 4, so a test can kill a worker between batches.
 CHILD_ENV = {
@@ -76,7 +76,7 @@ def supervised(stack: Stack) -> Iterator[Stack]:
 
 
 def own_stack(
-    log_dir: FsPath, env: dict[str, str], lanes: tuple[Lane, ...] = tuple(Lane)
+    log_dir: Path, env: dict[str, str], lanes: tuple[Lane, ...] = tuple(Lane)
 ) -> Iterator[Stack]:
     """A stack of a test module's own: its settings from ``env`` (also the
     children's), only the workers of ``lanes``, supervised as ``laneway up``
@@ -101,7 +101,7 @@ def own_stack(
 
 
 def registry_stack(
-    folder: FsPath, name: str, registry: str, env: dict[str, str], lanes: tuple[Lane, ...]
+    folder: Path, name: str, registry: str, env: dict[str, str], lanes: tuple[Lane, ...]
 ) -> Iterator[tuple[Settings, dict[str, str]]]:
     """``own_stack`` on a model registry file of its own (``registry``, YAML)
     with an app id and Redis prefix named after ``name``, exploration and the
@@ -305,7 +305,7 @@ def routed_now(
     request: InferenceRequest,
     reply_to: str,
     *,
-    path: Path = Path.LIGHT,
+    path: AnswerPath = AnswerPath.LIGHT,
     lane: Lane = Lane.REALTIME,
     deadline_in_ms: int | None = None,
 ) -> RoutedRequest:
@@ -356,5 +356,5 @@ async def produce_raw(settings: Settings, topic: str, value: bytes, key: str) ->
 
 
 def stack_log(stack: Stack) -> str:
-    path = FsPath(stack.broker.log_path or "").with_name("stack.log")
+    path = Path(stack.broker.log_path or "").with_name("stack.log")
     return path.read_text()[-5000:] if path.exists() else ""

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path as FsPath
+from pathlib import Path
 
 from streams.tools.embedded import wait_for_port
 from workers.models import resolve_gguf
@@ -19,8 +19,8 @@ def llama_cpp_server(port: int, model: str = "smollm2-135m") -> Iterator[str]:
     """A real OpenAI-compatible server (llama_cpp.server, started by
     ``llama_server_main.py`` so that it runs on a CPU with AMX too) serving a
     wheel's GGUF model under the alias ``smollm2``; yields its base URL."""
-    path = resolve_gguf(model, FsPath("."))
-    launcher = FsPath(__file__).with_name("llama_server_main.py")
+    path = resolve_gguf(model, Path("."))
+    launcher = Path(__file__).with_name("llama_server_main.py")
     command = [sys.executable, str(launcher), "--model", str(path)]
     command += ["--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--n_threads", "1"]

@@ -9,12 +9,12 @@ import dataclasses
 import importlib.util
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import pytest
 
 from schemas.errors import BackendUnavailable, DeadlineExceeded
-from schemas.messages import ChatMessage, InferenceRequest, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, ChatMessage, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import BackendSettings
 from streams.tools.embedded import free_port
 from workers.backends.base import (
@@ -73,7 +73,7 @@ async def test_a_deadline_counts_from_before_the_batch_not_from_each_item(
     assert time.monotonic() - started < 5
 
 
-async def test_gemma_is_assembled_once_and_answers(tmp_path: FsPath) -> None:
+async def test_gemma_is_assembled_once_and_answers(tmp_path: Path) -> None:
     settings = BackendSettings(model_dir=tmp_path)
     path = resolve_gguf("gemma3-270m", tmp_path)
     assert path.stat().st_mtime == resolve_gguf("gemma3-270m", tmp_path).stat().st_mtime
@@ -135,14 +135,14 @@ async def test_breaker_opens_on_a_dead_server_and_closes_when_it_is_back() -> No
 
     def ping() -> RoutedRequest:
         request = InferenceRequest(id="p", prompt="ping", max_tokens=8)
-        return routed_now(request, "laneway.replies", path=Path.HEAVY, lane=Lane.MEDIUM)
+        return routed_now(request, "laneway.replies", path=AnswerPath.HEAVY, lane=Lane.MEDIUM)
 
     try:
         for _ in range(2):  # the server is down: the light path answers, marked degraded
             (done,) = await executor.execute([ping()])
             assert done.result.status == "ok" and done.result.path == "light"
             assert done.result.degraded and done.result.requested_path == "heavy"
-        assert slots[Path.HEAVY].breaker.state == "open"
+        assert slots[AnswerPath.HEAVY].breaker.state == "open"
 
         with llama_cpp_server(port):
             await asyncio.sleep(settings.breaker_cooldown_s)
@@ -150,7 +150,7 @@ async def test_breaker_opens_on_a_dead_server_and_closes_when_it_is_back() -> No
             assert done.result.status == "ok", done.result.error
             assert done.result.path == "heavy" and not done.result.degraded
             assert done.result.model == "openai:smollm2"
-            assert slots[Path.HEAVY].breaker.state == "closed"
+            assert slots[AnswerPath.HEAVY].breaker.state == "closed"
     finally:
         await executor.close()
 
@@ -181,7 +181,7 @@ async def streamed(backend: Backend, item: GenerationInput) -> tuple[list[str], 
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 async def test_llamacpp_streams_pieces_that_join_into_the_greedy_answer(
-    model: str, tmp_path: FsPath
+    model: str, tmp_path: Path
 ) -> None:
     # SmolLM2 answers through its chat template; Gemma-3 (a base model)
     # through a transcript whose answer is stripped, so its pieces hold back

@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 from schemas.jobs import BatchJob, BatchJobEvent, BatchJobStatus
@@ -38,7 +38,7 @@ def line(custom_id: str, prompt: str, max_tokens: int = 4) -> dict[str, Any]:
     return {"custom_id": custom_id, "body": {"prompt": prompt, "max_tokens": max_tokens}}
 
 
-def write_jsonl(path: FsPath, rows: list[Any]) -> FsPath:
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
     path.write_text(
         "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8"
     )
@@ -96,12 +96,12 @@ async def until_final(settings: Settings, job_id: str, timeout_s: float = 90.0) 
         await asyncio.sleep(0.3)
 
 
-def read_jsonl(path: FsPath) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
 
 
 async def test_a_200_line_file_completes_in_input_order_with_errors_by_line(
-    settings: Settings, tmp_path: FsPath
+    settings: Settings, tmp_path: Path
 ) -> None:
     tenant = f"t{uuid.uuid4().hex[:8]}"
     rows: list[Any] = []
@@ -173,7 +173,7 @@ async def test_a_200_line_file_completes_in_input_order_with_errors_by_line(
 
 
 async def test_cancel_mid_run_stops_what_has_not_started(
-    settings: Settings, tmp_path: FsPath
+    settings: Settings, tmp_path: Path
 ) -> None:
     tenant = f"t{uuid.uuid4().hex[:8]}"
     rows = [line(f"k-{n}", RULE_PROMPTS[n % 4]) for n in range(120)]
@@ -214,7 +214,7 @@ async def test_cancel_mid_run_stops_what_has_not_started(
 
 
 async def test_a_killed_submitter_resumes_with_no_duplicate_result(
-    settings: Settings, tmp_path: FsPath
+    settings: Settings, tmp_path: Path
 ) -> None:
     tenant = f"t{uuid.uuid4().hex[:8]}"
     rows = [line(f"r-{n}", RULE_PROMPTS[n % 4]) for n in range(80)]
@@ -264,7 +264,7 @@ async def test_a_killed_submitter_resumes_with_no_duplicate_result(
 
 
 async def test_an_openai_batch_file_runs_through_the_sdk(
-    client: LanewayClient, settings: Settings, tmp_path: FsPath
+    client: LanewayClient, settings: Settings, tmp_path: Path
 ) -> None:
     tenant = f"t{uuid.uuid4().hex[:8]}"
     rows = [
@@ -316,7 +316,7 @@ async def test_requests_any_producer_writes_with_a_batch_id_are_counted(
 
 
 async def test_a_job_whose_window_passes_expires_keeping_what_finished(
-    settings: Settings, tmp_path: FsPath
+    settings: Settings, tmp_path: Path
 ) -> None:
     tenant = f"t{uuid.uuid4().hex[:8]}"
     rows = [line(f"e-{n}", RULE_PROMPTS[n]) for n in range(3)]
@@ -347,7 +347,7 @@ async def test_a_job_whose_window_passes_expires_keeping_what_finished(
 
 
 async def test_requests_shed_with_inf_429_are_sent_again_and_complete(
-    settings: Settings, tmp_path: FsPath
+    settings: Settings, tmp_path: Path
 ) -> None:
     """Tenant ``tiny`` may send 2 at once, then one per 10 s (CHILD_ENV); a
     submitter that does not know it sends 4 at once: 2 or more get INF-429,

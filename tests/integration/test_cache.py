@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from schemas.messages import ErrorInfo, InferenceRequest, InferenceResult, Path, Usage
+from schemas.messages import AnswerPath, ErrorInfo, InferenceRequest, InferenceResult, Usage
 from schemas.settings import CacheSettings
 from streams.cache.embedding import MiniLMEmbedder
 from streams.cache.response import LOOKUPS, STORES, ResponseCache
@@ -32,7 +32,7 @@ def answer(
     request: InferenceRequest, output: str | None = "Use the reset link.", **fields: Any
 ) -> InferenceResult:
     values: dict[str, Any] = {"id": request.id, "status": "ok", "output": output}
-    values.update({"path": Path.LIGHT, "model": "smollm2-135m"}, **fields)
+    values.update({"path": AnswerPath.LIGHT, "model": "smollm2-135m"}, **fields)
     return InferenceResult(**values)
 
 
@@ -55,12 +55,12 @@ async def test_store_then_exact_hit(make_cache: Any, minilm: MiniLMEmbedder) -> 
     question = req("How do I reset my password?")
     assert await cache.lookup(question) is None
     before = count(LOOKUPS, "exact")
-    assert await cache.store(question, answer(question, model="gemma3-270m", path=Path.HEAVY))
+    assert await cache.store(question, answer(question, model="gemma3-270m", path=AnswerPath.HEAVY))
 
     hit = await cache.lookup(req("  how do I RESET my password "))
     assert hit is not None
     assert (hit.kind, hit.similarity, hit.output) == ("exact", 1.0, "Use the reset link.")
-    assert (hit.model, hit.path) == ("gemma3-270m", Path.HEAVY)
+    assert (hit.model, hit.path) == ("gemma3-270m", AnswerPath.HEAVY)
     assert count(LOOKUPS, "exact") == before + 1
     # Another budget class or another context is another question.
     assert await cache.lookup(req("How do I reset my password?", max_tokens=2000)) is None
@@ -204,9 +204,9 @@ async def test_unsafe_answers_are_never_stored(
         (question, answer(question, status="error", output=None, error=error)),
         (req("How do I reset my password?", temperature=0.7), None),
         (req("How do I reset my password?", metadata={"cache": "no-store"}), None),
-        (question, answer(question, degraded=True, requested_path=Path.HEAVY)),
-        (question, answer(question, path=Path.RULES)),
-        (question, answer(question, path=Path.CACHE)),
+        (question, answer(question, degraded=True, requested_path=AnswerPath.HEAVY)),
+        (question, answer(question, path=AnswerPath.RULES)),
+        (question, answer(question, path=AnswerPath.CACHE)),
         (question, answer(question, "")),
     ]
     for request, result in refused:
@@ -331,7 +331,7 @@ async def test_an_entry_keeps_why_its_answer_ended(
 async def test_a_named_models_answer_is_its_own(make_cache: Any) -> None:
     cache = make_cache(None)
     heavy = req("Why is the sea salty?", model="heavy")
-    assert await cache.store(heavy, answer(heavy, "Rivers carry salt.", path=Path.HEAVY))
+    assert await cache.store(heavy, answer(heavy, "Rivers carry salt.", path=AnswerPath.HEAVY))
     assert await cache.lookup(req("Why is the sea salty?", model="heavy")) is not None
     assert await cache.lookup(req("Why is the sea salty?")) is None
     assert await cache.lookup(req("Why is the sea salty?", model="auto")) is None

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from pathlib import Path as FsPath
+from pathlib import Path
 
-from schemas.messages import Path
+from schemas.messages import AnswerPath
 from schemas.settings import BackendSettings, Settings
 from workers.check import check_paths
 
 
-async def test_a_missing_model_file_fails_the_check_by_name(tmp_path: FsPath) -> None:
+async def test_a_missing_model_file_fails_the_check_by_name(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model.gguf"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -40,7 +40,7 @@ async def test_the_light_model_answers_and_a_missing_one_does_not() -> None:
     settings = Settings(
         backend=BackendSettings(light_model="smollm2-135m", heavy_model="/nowhere/model.gguf")
     )
-    light, heavy = await check_paths(settings, [Path.LIGHT, Path.HEAVY])
+    light, heavy = await check_paths(settings, [AnswerPath.LIGHT, AnswerPath.HEAVY])
     assert light.ok and light.detail and light.model == "smollm2-135m", light
     assert (
         not heavy.ok

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from schemas.errors import BackendUnavailable
-from schemas.messages import InferenceResult, Lane, Path
+from schemas.messages import AnswerPath, InferenceResult, Lane
 from schemas.settings import BackendSettings, Settings
 from streams.cache.keys import cache_key
 from streams.cache.response import ResponseCache
@@ -116,10 +116,10 @@ async def one_question_on_two_workers(
 async def test_a_question_another_worker_decodes_waits_for_its_answer(stack: Stack) -> None:
     seen, medium, results = await one_question_on_two_workers(stack, RULES)
     assert seen == [] and medium.ran == [], "the medium worker decodes nothing"
-    assert results["first"].path == Path.LIGHT
+    assert results["first"].path == AnswerPath.LIGHT
     assert results["second"].status == "ok"
     assert results["second"].output == results["first"].output == "pong"
-    assert results["second"].path == Path.CACHE
+    assert results["second"].path == AnswerPath.CACHE
     assert results["second"].model == f"cache:exact:{results['first'].model}"
     assert results["second"].lane == Lane.MEDIUM
     prefix = stack.settings.redis.key_prefix
@@ -131,7 +131,7 @@ async def test_a_realtime_copy_never_waits_for_a_slower_lane(stack: Stack) -> No
     lanes = (Lane.MEDIUM, Lane.REALTIME)
     seen, _, results = await one_question_on_two_workers(stack, RULES, lanes=lanes)
     assert seen == ["second"], "it decodes its own at once"
-    assert results["second"].status == "ok" and results["second"].path == Path.LIGHT
+    assert results["second"].status == "ok" and results["second"].path == AnswerPath.LIGHT
 
 
 async def test_a_failed_decode_on_another_worker_hands_nothing_on(stack: Stack) -> None:
@@ -140,7 +140,7 @@ async def test_a_failed_decode_on_another_worker_hands_nothing_on(stack: Stack) 
     assert medium.ran == ["second"], "it runs its own once the first let go without an answer"
     error = results["first"].error
     assert error is not None and error.code == BackendUnavailable.code
-    assert results["second"].status == "ok" and results["second"].path == Path.LIGHT
+    assert results["second"].status == "ok" and results["second"].path == AnswerPath.LIGHT
 
 
 async def test_a_request_waits_at_most_half_the_time_its_deadline_leaves(stack: Stack) -> None:
@@ -148,7 +148,7 @@ async def test_a_request_waits_at_most_half_the_time_its_deadline_leaves(stack: 
     # own while the first is still held.
     seen, _, results = await one_question_on_two_workers(stack, RULES, deadline_in_ms=1_500)
     assert seen == ["second"]
-    assert results["second"].status == "ok" and results["second"].path == Path.LIGHT
+    assert results["second"].status == "ok" and results["second"].path == AnswerPath.LIGHT
 
 
 async def test_a_mark_goes_when_its_decode_ends_not_when_its_batch_does(stack: Stack) -> None:
@@ -187,7 +187,7 @@ async def test_a_mark_goes_when_its_decode_ends_not_when_its_batch_does(stack: S
     results = await results_by_id(own)
     assert counting.ran == ["m1"]
     assert all(r.status == "ok" for r in results.values())
-    assert results["b"].path == results["m2"].path == Path.CACHE
+    assert results["b"].path == results["m2"].path == AnswerPath.CACHE
     assert results["b"].output == results["m1"].output
 
 
@@ -210,7 +210,7 @@ async def test_a_mark_left_by_a_dead_worker_holds_no_longer_than_its_ttl(stack: 
     assert took >= 1.3, "it waited for the mark"
     assert counting.ran == ["m"], "then ran its own"
     result = (await results_by_id(own))["m"]
-    assert result.status == "ok" and result.path == Path.LIGHT
+    assert result.status == "ok" and result.path == AnswerPath.LIGHT
 
 
 async def test_copies_whose_answer_never_came_run_once_for_them_all(stack: Stack) -> None:
@@ -235,9 +235,9 @@ async def test_copies_whose_answer_never_came_run_once_for_them_all(stack: Stack
     assert counting.ran == ["m1"], "one decode for the three copies"
     results = await results_by_id(own)
     assert [results[rid].status for rid in ("m1", "m2", "m3")] == ["ok"] * 3
-    assert results["m1"].path == Path.LIGHT
+    assert results["m1"].path == AnswerPath.LIGHT
     assert results["m2"].output == results["m3"].output == results["m1"].output
-    assert results["m2"].path == results["m3"].path == Path.CACHE
+    assert results["m2"].path == results["m3"].path == AnswerPath.CACHE
 
 
 async def test_a_decode_whose_answer_another_worker_stored_stops_and_answers_from_it(
@@ -267,7 +267,7 @@ async def test_a_decode_whose_answer_another_worker_stored_stops_and_answers_fro
             status="ok",
             output="Once upon a time, a dragon baked bread.",
             lane=Lane.REALTIME,
-            path=Path.LIGHT,
+            path=AnswerPath.LIGHT,
             model="llamacpp:smollm2-135m",
         )
         assert await cache.store(copy, theirs, context_digest([]))
@@ -276,7 +276,7 @@ async def test_a_decode_whose_answer_another_worker_stored_stops_and_answers_fro
         await medium.close()
     assert counting.ran == ["m"]
     result = (await results_by_id(own))["m"]
-    assert result.status == "ok" and result.path == Path.CACHE
+    assert result.status == "ok" and result.path == AnswerPath.CACHE
     assert result.output == theirs.output
     assert result.model == "cache:exact:llamacpp:smollm2-135m"
     after = REGISTRY.get_sample_value("laneway_decodes_stopped_total", {"lane": "medium"})

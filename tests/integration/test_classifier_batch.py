@@ -17,7 +17,7 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
-from schemas.messages import InferenceRequest, InferenceResult, Path
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult
 from schemas.settings import (
     CacheSettings,
     RateLimitSettings,
@@ -82,7 +82,7 @@ def _admitted(settings: Settings, *bodies: dict[str, Any]) -> list[Admitted]:
 
 def _answer(request: InferenceRequest, output: str) -> InferenceResult:
     return InferenceResult(
-        id=request.id, status="ok", output=output, path=Path.LIGHT, model="smollm2-135m"
+        id=request.id, status="ok", output=output, path=AnswerPath.LIGHT, model="smollm2-135m"
     )
 
 
@@ -199,7 +199,7 @@ async def test_model_bound_requests_are_embedded_once_for_the_learned_router(
     redis_client: aioredis.Redis,
     prefix: str,
     minilm: MiniLMEmbedder,
-    tmp_path: FsPath,
+    tmp_path: Path,
 ) -> None:
     from streams.distill.learned import BASE_FEATURES, RouterArtifact, save_artifact
 
@@ -311,7 +311,7 @@ async def test_one_bad_record_in_a_batch_is_refused_and_the_rest_answered(
     refused = [r for r in results if r.status == "error"]
     assert [(r.id, r.error.code) for r in refused] == [(bad["id"], "INF-400")]  # type: ignore[union-attr]
     answered = [r for r in results if r.status == "ok"]
-    assert len(answered) == len(good) and {r.path for r in answered} == {Path.RULES}
+    assert len(answered) == len(good) and {r.path for r in answered} == {AnswerPath.RULES}
     dlq = await read_topic(settings, settings.topic("dlq"))
     assert any(r.value == json.dumps(bad).encode() for r in dlq)
 
@@ -336,7 +336,7 @@ async def test_a_paraphrase_right_after_its_original_was_stored_hits_at_once(
             paraphrase = await client.ask("Name a big animal living in the sea.", timeout_s=60)
     finally:
         await redis.aclose()
-    assert paraphrase.path == Path.CACHE, paraphrase
+    assert paraphrase.path == AnswerPath.CACHE, paraphrase
     assert paraphrase.model == "cache:semantic:smollm2-135m"
     assert paraphrase.output == f"The blue whale {tag}."
 
@@ -348,7 +348,7 @@ async def test_quality_events_spread_over_partitions_and_merge_into_route_statis
     tag = uuid.uuid4().hex[:6]
     async with LanewayClient(settings.kafka, client_id=f"t-{tag}") as client:
         answers = await asyncio.gather(*(client.ask("ping", timeout_s=60) for _ in range(24)))
-    assert all(a.path == Path.RULES for a in answers)
+    assert all(a.path == AnswerPath.RULES for a in answers)
     quality = await read_topic(settings, settings.topic("quality"))
     mine = [r for r in quality if json.loads(r.value)["id"] in {a.id for a in answers}]
     assert {r.key for r in mine} == {a.id.encode() for a in answers}  # keyed by request id

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from aiokafka import ConsumerRecord
 
 from schemas.errors import BackendUnavailable
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import BackendSettings, Settings
 from streams.kafka.topics import create_topics
 from tests.integration.conftest import (
@@ -101,9 +101,9 @@ async def test_identical_requests_in_a_batch_run_once(settings: Settings) -> Non
     assert len(executor.ran) == 4
     assert set(results) == {r.id for r in requests}
     assert all(r.status == "ok" and r.output == "pong" for r in results.values())
-    assert results[leader].path == Path.LIGHT and results[leader].model
+    assert results[leader].path == AnswerPath.LIGHT and results[leader].model
     for shared in twins - {leader}:
-        assert results[shared].path == Path.CACHE
+        assert results[shared].path == AnswerPath.CACHE
         assert results[shared].model == f"cache:batch:{results[leader].model}"
 
 
@@ -181,7 +181,7 @@ async def test_a_request_an_earlier_batch_is_decoding_waits_for_its_answer(
     assert started == ["first"], "the second batch waits; it decodes nothing"
     assert executor.ran == ["first"]
     assert results["first"].output == results["second"].output == "pong"
-    assert results["second"].path == Path.CACHE
+    assert results["second"].path == AnswerPath.CACHE
     assert results["second"].model == f"cache:batch:{results['first'].model}"
 
 

@@ -9,7 +9,7 @@ import uuid
 
 from aiokafka import AIOKafkaProducer
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane
 from schemas.settings import Settings
 from streams.kafka.batches import BatchSend, partition_of
 from streams.kafka.envelopes import Outbound, deliver
@@ -27,7 +27,7 @@ async def test_a_lane_record_too_large_for_the_broker_reaches_the_dlq_and_its_cl
     routed = routed_now(
         InferenceRequest(id=rid, prompt="x" * 1_200_000, batch_id=rid),
         reply_to,
-        path=Path.HEAVY,
+        path=AnswerPath.HEAVY,
         lane=Lane.BULK,
     )
     lane = settings.lane_topic(Lane.BULK)

@@ -15,12 +15,12 @@ import asyncio
 import json
 import time
 import uuid
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import numpy as np
 from aiokafka import AIOKafkaProducer
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane
 from schemas.settings import Settings
 from streams.cache.embedding import MiniLMEmbedder
 from streams.classify.features import Complexity, complexity_of, extract_features
@@ -83,7 +83,7 @@ async def ask_all(client: LanewayClient, asks: list[tuple[str, str]]) -> list[In
 
 
 async def test_export_train_report_and_the_router_learns(
-    client: LanewayClient, settings: Settings, minilm: MiniLMEmbedder, tmp_path: FsPath
+    client: LanewayClient, settings: Settings, minilm: MiniLMEmbedder, tmp_path: Path
 ) -> None:
     since = time.time() - 1
     # Light answers (the realtime lane serves only light) for feedback; the
@@ -97,7 +97,7 @@ async def test_export_train_report_and_the_router_learns(
     assert all(r.status == "ok" for r in results), [r.error for r in results if r.error]
     for (prompt, lane), result in zip(asks, results, strict=True):
         if lane == "realtime":
-            assert result.path is Path.LIGHT, result
+            assert result.path is AnswerPath.LIGHT, result
             await client.feedback(result.id, 1.0 if prompt in GOOD else -1.0)
     until = time.time() + 1
     await asyncio.sleep(1.5)  # until is in the past: the window is closed
@@ -146,12 +146,12 @@ async def test_export_train_report_and_the_router_learns(
     for prompt, vector in zip((fresh_bad, fresh_good), vectors, strict=True):
         f = extract_features(InferenceRequest(id="x", prompt=prompt), routing)
         assert complexity_of(f, routing) is Complexity.SIMPLE
-        assert plain.choose(Complexity.SIMPLE, Lane.MEDIUM, {}, features=f).path is Path.LIGHT
+        assert plain.choose(Complexity.SIMPLE, Lane.MEDIUM, {}, features=f).path is AnswerPath.LIGHT
         decisions[prompt] = learned.choose(
             Complexity.SIMPLE, Lane.MEDIUM, {}, features=f, embedding=np.asarray(vector)
         )
-    assert decisions[fresh_bad].path is Path.HEAVY, decisions
-    assert decisions[fresh_good].path is Path.LIGHT, decisions
+    assert decisions[fresh_bad].path is AnswerPath.HEAVY, decisions
+    assert decisions[fresh_good].path is AnswerPath.LIGHT, decisions
     assert decisions[fresh_bad].learned_p < decisions[fresh_good].learned_p  # type: ignore[operator]
 
 
@@ -193,7 +193,9 @@ async def test_export_reads_requests_the_broker_indexes_late(settings: Settings)
         ]
         await asyncio.gather(*sends)
         for rid in ahead + burst:
-            result = InferenceResult(id=rid, status="ok", output="Lima", path=Path.LIGHT, model="m")
+            result = InferenceResult(
+                id=rid, status="ok", output="Lima", path=AnswerPath.LIGHT, model="m"
+            )
             await producer.send_and_wait(
                 scoped.topic("results"), result.model_dump_json().encode(), partition=0
             )

@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from schemas.messages import InferenceRequest, Lane, Path, QualityEvent, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, Lane, QualityEvent, RoutedRequest
 from schemas.settings import Settings
 from streams.classify.registry import load_registry
 from streams.client import LanewayClient
@@ -173,7 +173,9 @@ async def answered(settings: Settings, ids: set[str], timeout_s: float = 180.0) 
     pytest.fail(f"no result within {timeout_s:.0f} s for {sorted(ids - seen)[:5]}")
 
 
-async def direct(settings: Settings, tag: str, path: Path, n: int, version: str | None) -> None:
+async def direct(
+    settings: Settings, tag: str, path: AnswerPath, n: int, version: str | None
+) -> None:
     """``n`` requests routed to ``path`` (and ``version``) on the bulk lane,
     as the classifier routes them; returns once all are answered."""
     ids = set()
@@ -244,8 +246,8 @@ async def test_doctor_names_a_slow_path_a_promotion_and_drift(
     # The baseline: plain questions (the drift baseline), both paths at
     # their usual speed on version v1, then code questions (the drift).
     await through_classifier(settings, PLAIN, f"plain-{tag}")
-    await direct(settings, f"light-a-{tag}", Path.LIGHT, 6, None)
-    await direct(settings, f"heavy-a-{tag}", Path.HEAVY, 6, None)
+    await direct(settings, f"light-a-{tag}", AnswerPath.LIGHT, 6, None)
+    await direct(settings, f"heavy-a-{tag}", AnswerPath.HEAVY, 6, None)
     await through_classifier(settings, CODE, f"code-{tag}")
     drifted = await drift_alarmed(settings)  # features and their PSI
 
@@ -260,8 +262,8 @@ async def test_doctor_names_a_slow_path_a_promotion_and_drift(
         await store.write(state.promote(live, "heavy", "v2", now_ms=int(faults_at * 1000)))
     finally:
         await redis.aclose()
-    await direct(settings, f"light-b-{tag}", Path.LIGHT, 6, None)
-    await direct(settings, f"heavy-b-{tag}", Path.HEAVY, 6, "v2")
+    await direct(settings, f"light-b-{tag}", AnswerPath.LIGHT, 6, None)
+    await direct(settings, f"heavy-b-{tag}", AnswerPath.HEAVY, 6, "v2")
 
     # The window ends now and its recent part begins where the faults did.
     until = time.time()

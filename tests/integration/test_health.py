@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane
 from schemas.settings import Settings
 from streams.kafka.topics import create_topics
 from streams.ops import OpsServer, ProcessState, heartbeat
@@ -70,7 +70,7 @@ async def test_healthz_fails_while_a_workers_loop_is_wedged_and_recovers(
     ops = OpsServer("127.0.0.1", 0, state).start()
     slot = BackendSlot(lambda: Wedging(4.0), retry_s=60, label="light=wedging:wedge")
     worker = LaneWorker(
-        own, Lane.REALTIME, state, executor=Executor(Lane.REALTIME, {Path.LIGHT: slot})
+        own, Lane.REALTIME, state, executor=Executor(Lane.REALTIME, {AnswerPath.LIGHT: slot})
     )
     await worker.start()
     beats = asyncio.create_task(heartbeat(state, interval_s=0.2))
@@ -90,7 +90,7 @@ async def test_healthz_fails_while_a_workers_loop_is_wedged_and_recovers(
         assert (await asyncio.to_thread(get, ops.port, "/readyz"))[0] == 200
         watcher.start()
         request = InferenceRequest(id=f"wedge-{uuid.uuid4().hex[:6]}", prompt=WEDGE)
-        routed = routed_now(request, own.replies_topic, path=Path.LIGHT, lane=Lane.REALTIME)
+        routed = routed_now(request, own.replies_topic, path=AnswerPath.LIGHT, lane=Lane.REALTIME)
         producer = AIOKafkaProducer(**own.kafka.client_options())
         await producer.start()
         try:
@@ -135,7 +135,7 @@ async def test_readyz_is_not_ready_while_a_served_model_cannot_load(settings: Se
 
     slot = BackendSlot(load, retry_s=60, label="light=llamacpp:missing")
     worker = LaneWorker(
-        own, Lane.REALTIME, state, executor=Executor(Lane.REALTIME, {Path.LIGHT: slot})
+        own, Lane.REALTIME, state, executor=Executor(Lane.REALTIME, {AnswerPath.LIGHT: slot})
     )
     try:
         await worker.start()

@@ -9,11 +9,11 @@ import uuid
 import pytest
 
 from schemas.messages import (
+    AnswerPath,
     ChatMessage,
     InferenceRequest,
     InferenceResult,
     Lane,
-    Path,
     RoutedRequest,
 )
 from schemas.settings import Settings
@@ -33,7 +33,7 @@ async def ask_until_cached(
     the very next ask may still race it; a few asks settle it."""
     result = await client.ask(prompt, max_tokens=8, timeout_s=120, **fields)
     for _ in range(attempts):
-        if result.path == Path.CACHE:
+        if result.path == AnswerPath.CACHE:
             break
         await asyncio.sleep(0.5)
         result = await client.ask(prompt, max_tokens=8, timeout_s=120, **fields)
@@ -58,9 +58,9 @@ async def session_history(settings: Settings, session: str) -> list[ChatMessage]
 async def test_a_repeated_question_is_answered_from_the_cache(client: LanewayClient) -> None:
     prompt = "In one word, what colour is fresh grass?"
     first = await client.ask(prompt, max_tokens=8, timeout_s=120)
-    assert first.status == "ok" and first.path in (Path.LIGHT, Path.HEAVY)
+    assert first.status == "ok" and first.path in (AnswerPath.LIGHT, AnswerPath.HEAVY)
     again = await ask_until_cached(client, prompt)
-    assert again.path == Path.CACHE, again
+    assert again.path == AnswerPath.CACHE, again
     assert again.output == first.output and again.model is not None
     assert again.model.startswith("cache:exact:")
     assert again.timings.total_ms < first.timings.total_ms
@@ -72,36 +72,39 @@ async def test_a_paraphrase_is_served_semantically_and_a_different_question_is_n
     original = await client.ask(
         "Name a large animal that lives in the sea.", max_tokens=8, timeout_s=120
     )
-    assert original.status == "ok" and original.path in (Path.LIGHT, Path.HEAVY)
+    assert original.status == "ok" and original.path in (AnswerPath.LIGHT, AnswerPath.HEAVY)
     # Measured cosine 0.972 against the 0.93 threshold. "no-store": a miss
     # while the classifier's index catches up must not become an exact entry.
     paraphrase = await ask_until_cached(
         client, "Name a big animal living in the sea.", metadata={"cache": "no-store"}
     )
-    assert paraphrase.path == Path.CACHE, paraphrase
+    assert paraphrase.path == AnswerPath.CACHE, paraphrase
     assert paraphrase.model is not None and paraphrase.model.startswith("cache:semantic:")
     assert paraphrase.output == original.output
     # Cosine 0.908: close in words, a different question. A model answers it.
     different = await client.ask(
         "Name a small animal that lives in the sea.", max_tokens=8, timeout_s=120
     )
-    assert different.status == "ok" and different.path in (Path.LIGHT, Path.HEAVY)
+    assert different.status == "ok" and different.path in (AnswerPath.LIGHT, AnswerPath.HEAVY)
 
 
 async def test_cache_control_per_request(client: LanewayClient) -> None:
     prompt = "In one word, what colour is a ripe lemon?"
     await ask_until_cached(client, prompt)
     bypass = await client.ask(prompt, max_tokens=8, timeout_s=120, metadata={"cache": "bypass"})
-    assert bypass.path in (Path.LIGHT, Path.HEAVY)
+    assert bypass.path in (AnswerPath.LIGHT, AnswerPath.HEAVY)
 
     unstored = "In one word, what colour is a ripe plum?"
     first = await client.ask(unstored, max_tokens=8, timeout_s=120, metadata={"cache": "no-store"})
     assert first.status == "ok"
     await asyncio.sleep(1.5)
     again = await client.ask(unstored, max_tokens=8, timeout_s=120)
-    assert again.path in (Path.LIGHT, Path.HEAVY)
+    assert again.path in (AnswerPath.LIGHT, AnswerPath.HEAVY)
     warm = await client.ask(unstored, max_tokens=8, timeout_s=120, temperature=0.7)
-    assert warm.path in (Path.LIGHT, Path.HEAVY)  # never served from the cache at temperature > 0
+    assert warm.path in (
+        AnswerPath.LIGHT,
+        AnswerPath.HEAVY,
+    )  # never served from the cache at temperature > 0
 
 
 async def test_the_quality_loop_publishes_route_statistics_and_joins_feedback(
@@ -134,9 +137,9 @@ async def test_bad_feedback_evicts_the_cache_entry_that_gave_the_answer(
 ) -> None:
     prompt = "In one word, what colour is a ripe tomato?"
     first = await client.ask(prompt, max_tokens=8, timeout_s=120)
-    assert first.status == "ok" and first.path in (Path.LIGHT, Path.HEAVY)
+    assert first.status == "ok" and first.path in (AnswerPath.LIGHT, AnswerPath.HEAVY)
     cached = await ask_until_cached(client, prompt)
-    assert cached.path == Path.CACHE, cached
+    assert cached.path == AnswerPath.CACHE, cached
     key = cache_key(InferenceRequest(id="k", prompt=prompt, max_tokens=8), settings.cache)
     entry = f"{settings.redis.key_prefix}:cache:e:{key}"
     answered = f"{settings.redis.key_prefix}:answered:{cached.id}"
@@ -156,7 +159,7 @@ async def test_bad_feedback_evicts_the_cache_entry_that_gave_the_answer(
     finally:
         await redis.aclose()
     again = await client.ask(prompt, max_tokens=8, timeout_s=120)
-    assert again.status == "ok" and again.path in (Path.LIGHT, Path.HEAVY), again
+    assert again.status == "ok" and again.path in (AnswerPath.LIGHT, AnswerPath.HEAVY), again
 
 
 async def test_a_session_remembers_earlier_turns(client: LanewayClient, settings: Settings) -> None:
@@ -171,7 +174,7 @@ async def test_a_session_remembers_earlier_turns(client: LanewayClient, settings
         ("assistant", first.output),
     ]
     second = await client.ask("What is my name?", max_tokens=8, timeout_s=120, session_id=session)
-    assert second.status == "ok" and second.path in (Path.LIGHT, Path.HEAVY)
+    assert second.status == "ok" and second.path in (AnswerPath.LIGHT, AnswerPath.HEAVY)
     # The worker got the earlier turns with the request.
     records = await read_topic(settings, settings.lane_topic(Lane(second.lane)))
     routed = [RoutedRequest.model_validate_json(r.value) for r in records]
@@ -184,7 +187,7 @@ async def test_turns_answered_by_the_classifier_join_the_session(
 ) -> None:
     session = f"s-{uuid.uuid4().hex[:8]}"
     hello = await client.ask("Hello!", timeout_s=30, session_id=session)
-    assert hello.path == Path.RULES
+    assert hello.path == AnswerPath.RULES
     history = await session_history(settings, session)
     assert [(m.role, m.content) for m in history] == [
         ("user", "Hello!"),
@@ -207,7 +210,11 @@ async def test_a_worker_answers_from_the_cache_what_was_answered_while_it_waited
         settings.redis.client(), settings.cache, key_prefix=settings.redis.key_prefix, embedder=None
     )
     earlier = InferenceResult(
-        id="the-identical-one", status="ok", output="The cow.", path=Path.LIGHT, model="llamacpp:x"
+        id="the-identical-one",
+        status="ok",
+        output="The cow.",
+        path=AnswerPath.LIGHT,
+        model="llamacpp:x",
     )
     twin = request.model_copy(update={"id": "the-identical-one"})
     assert await cache.store(twin, earlier)
@@ -221,7 +228,7 @@ async def test_a_worker_answers_from_the_cache_what_was_answered_while_it_waited
             break
         await asyncio.sleep(0.5)
     assert answer is not None
-    assert (answer.status, answer.path, answer.output) == ("ok", Path.CACHE, "The cow.")
+    assert (answer.status, answer.path, answer.output) == ("ok", AnswerPath.CACHE, "The cow.")
     assert answer.model == "cache:exact:llamacpp:x" and answer.lane == "realtime"
 
 
@@ -235,7 +242,7 @@ async def test_the_hybrid_engine_answers_with_redis_gone(
     if stack.redis is None:
         pytest.skip("the stack uses an external Redis (LANEWAY_REDIS_URL): not stopped by tests")
     cached = "In one word, what sound does a cow make?"
-    assert (await ask_until_cached(client, cached)).path == Path.CACHE
+    assert (await ask_until_cached(client, cached)).path == AnswerPath.CACHE
     await asyncio.to_thread(stack.redis.stop)
     try:
         results = await asyncio.gather(
@@ -246,5 +253,8 @@ async def test_the_hybrid_engine_answers_with_redis_gone(
     finally:
         await asyncio.to_thread(stack.redis.start)
     assert [r.status for r in results] == ["ok", "ok", "ok"], results
-    assert results[0].path in (Path.LIGHT, Path.HEAVY)  # the cache missed, a model answered
-    assert results[1].path == Path.RULES
+    assert results[0].path in (
+        AnswerPath.LIGHT,
+        AnswerPath.HEAVY,
+    )  # the cache missed, a model answered
+    assert results[1].path == AnswerPath.RULES

@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
-from schemas.messages import Path
+from schemas.messages import AnswerPath
 from schemas.settings import Settings
 from streams.classify.registry import load_registry
 from streams.rollout.board import RolloutBoard
@@ -29,7 +29,7 @@ models:
 
 
 @pytest.fixture
-def settings(redis_url: str, prefix: str, tmp_path: FsPath) -> Settings:
+def settings(redis_url: str, prefix: str, tmp_path: Path) -> Settings:
     models = tmp_path / "models.yaml"
     models.write_text(REGISTRY)
     base = Settings()
@@ -52,19 +52,19 @@ async def test_a_cli_change_reaches_a_classifiers_board(
 ) -> None:
     registry = load_registry(settings.routing.models_file, settings.backend)
     board = RolloutBoard(redis_client, settings.redis.key_prefix, registry)
-    assert (await board.refresh()).registry.version(Path.HEAVY, "smol").traffic_share == 0.0  # type: ignore[union-attr]
+    assert (await board.refresh()).registry.version(AnswerPath.HEAVY, "smol").traffic_share == 0.0  # type: ignore[union-attr]
 
     assert await cli(settings, "canary", "heavy", "smol", "--share", "0.25") == 0
     view = await board.refresh()
-    assert view.registry.version(Path.HEAVY, "smol").traffic_share == 0.25  # type: ignore[union-attr]
+    assert view.registry.version(AnswerPath.HEAVY, "smol").traffic_share == 0.25  # type: ignore[union-attr]
 
     assert await cli(settings, "rollback", "heavy") == 0
-    assert (await board.refresh()).registry.version(Path.HEAVY, "smol").traffic_share == 0.0  # type: ignore[union-attr]
+    assert (await board.refresh()).registry.version(AnswerPath.HEAVY, "smol").traffic_share == 0.0  # type: ignore[union-attr]
 
     assert await cli(settings, "promote", "heavy", "smol") == 0
     promoted = (await board.refresh()).registry
-    assert promoted.for_path(Path.HEAVY).version == "smol"  # type: ignore[union-attr]
-    assert promoted.version(Path.HEAVY, "q4_k_m").state == "retired"  # type: ignore[union-attr]
+    assert promoted.for_path(AnswerPath.HEAVY).version == "smol"  # type: ignore[union-attr]
+    assert promoted.version(AnswerPath.HEAVY, "q4_k_m").state == "retired"  # type: ignore[union-attr]
 
     capsys.readouterr()
     assert await cli(settings, "list", "--json") == 0
@@ -89,10 +89,10 @@ async def test_only_one_replica_drains_a_canary(
 ) -> None:
     assert await cli(settings, "canary", "heavy", "smol", "--share", "0.5") == 0
     store = RolloutStore(redis_client, settings.redis.key_prefix)
-    first = await store.drain(Path.HEAVY, "smol", "success rate 0%", now_ms=1)
-    second = await store.drain(Path.HEAVY, "smol", "success rate 0%", now_ms=2)
+    first = await store.drain(AnswerPath.HEAVY, "smol", "success rate 0%", now_ms=1)
+    second = await store.drain(AnswerPath.HEAVY, "smol", "success rate 0%", now_ms=2)
     assert (first, second) == (True, False)
-    live = (await store.read() or {})[(Path.HEAVY, "smol")]
+    live = (await store.read() or {})[(AnswerPath.HEAVY, "smol")]
     assert (live.share, live.by, live.reason, live.at_ms) == (0.0, "rollback", "success rate 0%", 1)
 
 

@@ -7,7 +7,7 @@ import asyncio
 import time
 import uuid
 
-from schemas.messages import InferenceRequest, Path
+from schemas.messages import AnswerPath, InferenceRequest
 from schemas.settings import Settings
 from streams.cache.hot_questions import DAY_S, HotQuestions, day_keys, day_of, rank, read_days
 from streams.cache.keys import cache_key
@@ -89,5 +89,5 @@ async def test_prewarm_refreshes_a_hot_question_whose_entry_expired(
     assert report.coverage_after == 1.0 and report.coverage_before < 1.0, report
 
     again = await client.ask(prompt, max_tokens=8, timeout_s=120)
-    assert again.path == Path.CACHE and again.model is not None
+    assert again.path == AnswerPath.CACHE and again.model is not None
     assert again.model.startswith("cache:exact:"), again

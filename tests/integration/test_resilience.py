@@ -26,7 +26,7 @@ import pytest
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 
 from schemas.errors import ErrorCode
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import BackendSettings, Settings
 from streams.client import LanewayClient
 from streams.kafka.topics import create_topics, retry_topic
@@ -241,7 +241,9 @@ async def test_overload_sheds_bulk_and_realtime_keeps_its_budget(resilient_stack
     # Its tail under load is a benchmark figure (`laneway bench --embedded
     # --overload`), not a pass mark: on two shared cores a p95 swings by a
     # second from run to run. The median model answer must stay in budget.
-    model_ms = sorted(ms for r, ms in rt if r.path not in (None, Path.RULES, Path.CACHE))
+    model_ms = sorted(
+        ms for r, ms in rt if r.path not in (None, AnswerPath.RULES, AnswerPath.CACHE)
+    )
     if model_ms:
         median_ms = statistics.median(model_ms)
         assert median_ms <= budget_ms, f"realtime model median {median_ms:.0f} ms over {budget_ms}"
@@ -298,7 +300,7 @@ async def produce_routed(
     settings: Settings,
     deadline_in_ms: int | None = None,
     *,
-    path: Path = Path.LIGHT,
+    path: AnswerPath = AnswerPath.LIGHT,
     prompt: str = "What is 2+2?",
     key: str | None = None,
 ) -> RoutedRequest:
@@ -346,7 +348,7 @@ async def test_a_request_is_retried_via_the_retry_topic_until_its_server_is_up(
         assert dict(parked[0].headers)[ATTEMPT_HEADER] == b"2"
         # The partition keeps moving while the request is parked: a rules
         # request behind it, on the same partition, is answered at once.
-        behind = await produce_routed(own, path=Path.RULES, prompt="ping", key=rid)
+        behind = await produce_routed(own, path=AnswerPath.RULES, prompt="ping", key=rid)
         (pong,) = await wait_for(own, own.replies_topic, keyed(behind.request.id), timeout_s=15)
         assert InferenceResult.model_validate_json(pong.value).output == "pong"
         assert not [r for r in await read_topic(own, own.replies_topic) if keyed(rid)(r)]
@@ -429,7 +431,7 @@ async def test_a_lane_record_the_worker_cannot_read_is_answered_and_kept(
         lane_topic = own.lane_topic(Lane.REALTIME)
         await produce_raw(own, lane_topic, json.dumps(newer).encode(), key=rid)
         await produce_raw(own, lane_topic, b"\x00 not json", key=rid)
-        behind = await produce_routed(own, path=Path.RULES, prompt="ping", key=rid)
+        behind = await produce_routed(own, path=AnswerPath.RULES, prompt="ping", key=rid)
         (pong,) = await wait_for(own, own.replies_topic, keyed(behind.request.id), timeout_s=30)
         dead = await wait_for(own, own.topic("dlq"), keyed(rid), count=2, timeout_s=15)
         replies = [r for r in await read_topic(own, own.replies_topic) if keyed(rid)(r)]

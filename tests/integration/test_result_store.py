@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import BackendSettings, Settings
 from streams.kafka.topics import create_topics
 from streams.ops import REDIS_ERRORS
@@ -69,7 +69,9 @@ async def worker_with_records(
     await create_topics(own)
     routeds = [
         routed_now(
-            InferenceRequest(id=f"{prefix}-{i}", prompt=prompt), own.replies_topic, path=Path.RULES
+            InferenceRequest(id=f"{prefix}-{i}", prompt=prompt),
+            own.replies_topic,
+            path=AnswerPath.RULES,
         )
         for i, prompt in enumerate(prompts, start=1)
     ]

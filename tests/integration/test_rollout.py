@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, QualityEvent
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, QualityEvent
 from schemas.settings import Settings
 from streams.client import LanewayClient
 from streams.rollout.assign import unit
@@ -167,13 +167,13 @@ async def test_a_failing_canary_is_rolled_back_automatically(
         request = InferenceRequest(
             id=f"broken-{uuid.uuid4().hex[:6]}-{i}", prompt="Hi", max_tokens=2
         )
-        routed = routed_now(request, reply_to, path=Path.HEAVY, lane=Lane.BULK)
+        routed = routed_now(request, reply_to, path=AnswerPath.HEAVY, lane=Lane.BULK)
         await produce_to_lane(rollout, routed.model_copy(update={"version": "broken"}))
     store = RolloutStore(aioredis.from_url(rollout.redis.url), rollout.redis.key_prefix)
     live = None
     for _ in range(120):  # bounded: a minute
         overrides = await store.read() or {}
-        live = overrides.get((Path.HEAVY, "broken"))
+        live = overrides.get((AnswerPath.HEAVY, "broken"))
         if live is not None and live.by == "rollback":
             break
         await asyncio.sleep(0.5)

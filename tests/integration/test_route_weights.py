@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from schemas.messages import InferenceResult, Lane, Path
+from schemas.messages import AnswerPath, InferenceResult, Lane
 from schemas.settings import Settings
 from streams.classify.router import RouteBoard
 from streams.client import LanewayClient
@@ -123,16 +123,16 @@ async def test_a_failing_path_loses_its_traffic_and_wins_it_back(
         # Within 20 requests the router stops choosing light on its score.
         assert len(failing) >= 8 and "light" not in failing[-4:], failing
         stats = await board.refresh()
-        assert stats[Path.LIGHT].success_rate < settings.routing.min_success_rate
+        assert stats[AnswerPath.LIGHT].success_rate < settings.routing.min_success_rate
 
         light.start()
         # Exploration keeps sampling light; each success heals its record.
         for _ in range(15):  # bounded: at most 150 requests
             await ask_many(client, 10)
             stats = await board.refresh()
-            if stats[Path.LIGHT].success_rate >= settings.routing.min_success_rate:
+            if stats[AnswerPath.LIGHT].success_rate >= settings.routing.min_success_rate:
                 break
-        assert stats[Path.LIGHT].success_rate >= settings.routing.min_success_rate, stats
+        assert stats[AnswerPath.LIGHT].success_rate >= settings.routing.min_success_rate, stats
         # Healthy again, light wins on its score once the classifier has
         # re-read the statistics (every weights_refresh_s, two hops from here).
         await asyncio.sleep(3 * settings.routing.weights_refresh_s)

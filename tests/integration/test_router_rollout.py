@@ -23,14 +23,14 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path as FsPath
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
-from schemas.messages import Lane, Path, QualityEvent, RoutedRequest
+from schemas.messages import AnswerPath, Lane, QualityEvent, RoutedRequest
 from schemas.settings import RateLimitSettings, RedisSettings, RoutingSettings, Settings
 from streams.cache.embedding import MiniLMEmbedder
 from streams.classify.batch import BatchClassifier, BatchLookups
@@ -81,7 +81,7 @@ def heavy_artifact(version: str, dim: int) -> RouterArtifact:
 
 
 @pytest.fixture
-def settings(redis_url: str, prefix: str, tmp_path: FsPath, minilm: MiniLMEmbedder) -> Settings:
+def settings(redis_url: str, prefix: str, tmp_path: Path, minilm: MiniLMEmbedder) -> Settings:
     routers = tmp_path / "routers"
     save_artifact(heavy_artifact("lr-heavy", minilm.dim), routers / "heavy.json")
     return Settings(
@@ -154,7 +154,7 @@ async def test_a_canary_router_decides_for_about_half_and_a_shadow_router_change
     canaried = {s for s, r in by_session.items() if r.router_version == "lr-heavy"}
     assert 10 <= len(canaried) <= 30  # about half of 40 sessions (p < 0.002 outside)
     for r in first:  # each version decided as it does: the artifact heavy, the rule light
-        assert r.path == (Path.HEAVY if r.router_version == "lr-heavy" else Path.LIGHT)
+        assert r.path == (AnswerPath.HEAVY if r.router_version == "lr-heavy" else AnswerPath.LIGHT)
         assert r.router_version in ("lr-heavy", RULE_VERSION)
     # A second turn of every session stays with the version its session got.
     again = routed_of(await classifier.classify(records([(f"b{s}", s) for s in sessions], 40)))
@@ -175,7 +175,7 @@ async def test_a_canary_router_decides_for_about_half_and_a_shadow_router_change
     await board.refresh()
     shadowed = routed_of(await classifier.classify(records([(f"c{s}", s) for s in sessions], 80)))
     assert all(r.router_version == RULE_VERSION for r in shadowed)
-    assert all(r.path == Path.LIGHT for r in shadowed)  # the rule's path, every one
+    assert all(r.path == AnswerPath.LIGHT for r in shadowed)  # the rule's path, every one
     await tally.flush(redis_client, tally_key(settings.redis.key_prefix))
 
     capsys.readouterr()
@@ -276,7 +276,7 @@ async def test_inside_a_classifier_a_canary_router_takes_half_and_a_new_artifact
     for r in routed.values():
         assert r.router_version == pick_router(live, f"session:{r.request.session_id}"), r
     for r in routed.values():
-        assert r.path == (Path.HEAVY if r.router_version == "lr-heavy" else Path.LIGHT)
+        assert r.path == (AnswerPath.HEAVY if r.router_version == "lr-heavy" else AnswerPath.LIGHT)
 
     # A second artifact dropped in the directory is listed and shadowed: the
     # classifier loads it, decides with it, and the paths stay the rule's.
@@ -299,7 +299,7 @@ async def test_inside_a_classifier_a_canary_router_takes_half_and_a_new_artifact
         rid = f"shadowed-{tag}-{attempt}"
         await _send(settings, [(rid, {"id": rid, "prompt": "What is the capital of Chile?"})])
         got = await _routed(settings, {rid})
-        assert got[rid].path == Path.LIGHT and got[rid].router_version == RULE_VERSION
+        assert got[rid].path == AnswerPath.LIGHT and got[rid].router_version == RULE_VERSION
         capsys.readouterr()
         assert await cli(settings, "report", "--routers", "--json") == 0
         rows = {r["router_version"]: r for r in json.loads(capsys.readouterr().out)}
@@ -341,7 +341,7 @@ async def test_the_quality_loop_drains_a_canary_router_that_sends_too_much_heavy
                 router_version=who,
             )
             for n in range(30)
-            for who, path in ((RULE_VERSION, Path.LIGHT), (version, Path.HEAVY))
+            for who, path in ((RULE_VERSION, AnswerPath.LIGHT), (version, AnswerPath.HEAVY))
         ]
         for e in events:
             await produce_raw(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from schemas.messages import Path
+from schemas.messages import AnswerPath
 from schemas.settings import Settings
 from streams.client import LanewayClient
 from tests.integration.conftest import RULES_FILE
@@ -22,10 +22,10 @@ async def test_an_order_status_rule_answers_from_redis(
         mapping={"status": "shipped", "eta": "Friday"},
     )
     found = await client.ask(f"Where is my order {order}?", timeout_s=30)
-    assert (found.status, found.path, found.model) == ("ok", Path.RULES, "rules:order_status")
+    assert (found.status, found.path, found.model) == ("ok", AnswerPath.RULES, "rules:order_status")
     assert found.output == f"Order {order} is shipped. Expected delivery: Friday."
     missing = await client.ask(f"Where is my order {int(order) + 1}?", timeout_s=30)
-    assert missing.path == Path.RULES and missing.output is not None
+    assert missing.path == AnswerPath.RULES and missing.output is not None
     assert missing.output.startswith(f"I couldn't find order {int(order) + 1}.")
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, ResultChunk
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, ResultChunk
 from schemas.settings import Settings
 from streams.chunks import StreamAssembler
 from streams.client import LanewayClient
@@ -100,8 +100,8 @@ async def test_a_streamed_answer_joins_into_the_greedy_answer_on_each_model_path
 ) -> None:
     prompt = "Explain why the sky is blue."
     async with ReplyReader(settings) as reader:
-        asked: list[tuple[Path, InferenceRequest, InferenceRequest]] = []
-        for path in (Path.LIGHT, Path.HEAVY):
+        asked: list[tuple[AnswerPath, InferenceRequest, InferenceRequest]] = []
+        for path in (AnswerPath.LIGHT, AnswerPath.HEAVY):
             streamed, plain = request(prompt, 40), request(prompt, 40, stream=False)
             for r in (streamed, plain):
                 await produce_to_lane(
@@ -140,7 +140,7 @@ async def test_a_batch_of_8_streams_decoded_together_each_get_their_own_chunks_i
         await producer.start()
         try:
             for r in asked:  # all on the lane before the worker's next batch
-                routed = routed_now(r, reader.topic, path=Path.LIGHT, lane=Lane.MEDIUM)
+                routed = routed_now(r, reader.topic, path=AnswerPath.LIGHT, lane=Lane.MEDIUM)
                 await producer.send(
                     settings.lane_topic(Lane.MEDIUM),
                     routed.model_dump_json().encode(),
@@ -176,7 +176,7 @@ async def test_the_sdk_streams_a_model_answer_and_a_rule_answer(client: LanewayC
 
     # A rule answer: one chunk (attempt 0) with all of it, then the result.
     text, rule = [d async for d in client.stream("Hello!")]
-    assert rule.result is not None and rule.result.path == Path.RULES
+    assert rule.result is not None and rule.result.path == AnswerPath.RULES
     assert text.text == rule.result.output and rule.text == ""
     assert rule.finish_reason == "stop" and text.attempt == rule.attempt == 0
 

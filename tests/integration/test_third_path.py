@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from schemas.messages import Lane, Path
+from schemas.messages import AnswerPath, Lane
 from schemas.settings import Settings
 from streams.client import LanewayClient
 
@@ -78,9 +78,9 @@ async def test_moderate_work_goes_to_the_third_path_and_each_class_to_its_own(
     assert all(r.status == "ok" and r.output for r in results.values()), results
     paths = {rid.split("-")[0]: (r.path, r.model, r.version) for rid, r in results.items()}
     assert paths == {
-        "simple": (Path.LIGHT, "llamacpp:smollm2-135m", "q4_1"),
-        "moderate": (Path("mid"), "llamacpp:smollm2-135m", "as-mid"),
-        "complex": (Path.HEAVY, "llamacpp:gemma3-270m", "q4_k_m"),
+        "simple": (AnswerPath.LIGHT, "llamacpp:smollm2-135m", "q4_1"),
+        "moderate": (AnswerPath("mid"), "llamacpp:smollm2-135m", "as-mid"),
+        "complex": (AnswerPath.HEAVY, "llamacpp:gemma3-270m", "q4_k_m"),
     }, results
     assert not any(r.degraded for r in results.values()), results
 

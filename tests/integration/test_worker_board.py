@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
 from schemas.errors import CudaFailure
-from schemas.messages import Lane, Path
+from schemas.messages import AnswerPath, Lane
 from schemas.settings import BackendSettings, MediumLaneSettings, RealtimeLaneSettings, Settings
 from streams.classify.features import Complexity
 from streams.classify.registry import builtin_registry
@@ -20,7 +20,7 @@ from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard, served
 from workers.lane_worker import LaneWorker
 
 
-async def serving_of(board: WorkerBoard) -> dict[Lane, frozenset[Path]] | None:
+async def serving_of(board: WorkerBoard) -> dict[Lane, frozenset[AnswerPath]] | None:
     """What the classifier reads from the board (``read_workers``)."""
     cards = await board.live()
     return None if cards is None else served_paths(cards)
@@ -29,8 +29,8 @@ async def serving_of(board: WorkerBoard) -> dict[Lane, frozenset[Path]] | None:
 async def test_cards_round_trip_and_stale_ones_are_forgotten(settings: Settings) -> None:
     client = aioredis.from_url(settings.redis.url)
     board = WorkerBoard(client, f"t{uuid.uuid4().hex[:8]}", stale_s=0.5)
-    light = PathCard(Path.LIGHT, "llamacpp", "smollm2-135m", "cpu")
-    heavy = PathCard(Path.HEAVY, "vllm", "gemma", "cuda")
+    light = PathCard(AnswerPath.LIGHT, "llamacpp", "smollm2-135m", "cpu")
+    heavy = PathCard(AnswerPath.HEAVY, "vllm", "gemma", "cuda")
     try:
         await board.announce(WorkerCard("a", Lane.REALTIME, (light,), 8))
         await board.announce(WorkerCard("b", Lane.MEDIUM, (light, heavy), 16))
@@ -38,13 +38,13 @@ async def test_cards_round_trip_and_stale_ones_are_forgotten(settings: Settings)
         assert cards is not None and {c.worker_id for c in cards} == {"a", "b"}
         assert next(c for c in cards if c.worker_id == "b").paths == (light, heavy)
         assert await serving_of(board) == {
-            Lane.REALTIME: frozenset({Path.LIGHT}),
-            Lane.MEDIUM: frozenset({Path.LIGHT, Path.HEAVY}),
+            Lane.REALTIME: frozenset({AnswerPath.LIGHT}),
+            Lane.MEDIUM: frozenset({AnswerPath.LIGHT, AnswerPath.HEAVY}),
         }
         await board.withdraw("b")
         await asyncio.sleep(0.7)  # "a" stopped announcing: it died
         await board.announce(WorkerCard("c", Lane.BULK, (heavy,), 32))
-        assert await serving_of(board) == {Lane.BULK: frozenset({Path.HEAVY})}
+        assert await serving_of(board) == {Lane.BULK: frozenset({AnswerPath.HEAVY})}
         assert await client.hkeys(board.key) == [b"c"], "the dead worker's card is pruned"
     finally:
         await client.aclose()
@@ -65,7 +65,9 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
     client = aioredis.from_url(own.redis.url)
     board = WorkerBoard(client, prefix)
     worker = LaneWorker(own, Lane.REALTIME, workers=board)
-    assert set(worker.executor.slots) == {Path.LIGHT, Path.RULES}, "heavy is never loaded"
+    assert set(worker.executor.slots) == {AnswerPath.LIGHT, AnswerPath.RULES}, (
+        "heavy is never loaded"
+    )
     running: asyncio.Task[None] | None = None
     try:
         await worker.start()
@@ -76,11 +78,11 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
             if serving:
                 break
             await asyncio.sleep(0.1)
-        assert serving == {Lane.REALTIME: frozenset({Path.LIGHT})}
+        assert serving == {Lane.REALTIME: frozenset({AnswerPath.LIGHT})}
         assert worker.state.ready
         (card,) = await board.live() or []
         assert card.paths == (
-            PathCard(Path.LIGHT, "rules", own.backend.light_model, "cpu", "q4_1"),
+            PathCard(AnswerPath.LIGHT, "rules", own.backend.light_model, "cpu", "q4_1"),
         )
         assert card.capacity == own.realtime.max_batch_size * own.realtime.max_inflight_batches
         # The only member of its group: every partition of the lane is its own.
@@ -89,19 +91,19 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
         # What the classifier does with it: a complex realtime request, which
         # only heavy is capable of, goes down the path the lane serves.
         router = SmartRouter(builtin_registry(own.backend), own.routing)
-        assert router.choose(Complexity.COMPLEX, Lane.REALTIME, {}).path is Path.HEAVY
+        assert router.choose(Complexity.COMPLEX, Lane.REALTIME, {}).path is AnswerPath.HEAVY
         served = serving[Lane.REALTIME]
-        assert router.choose(Complexity.COMPLEX, Lane.REALTIME, {}, served).path is Path.LIGHT
+        assert router.choose(Complexity.COMPLEX, Lane.REALTIME, {}, served).path is AnswerPath.LIGHT
 
         # A CUDA error drops the loaded backend: the path leaves the card, and
         # the next heartbeat loads it, asks it, and lists it again.
-        await worker.executor.slots[Path.LIGHT].mark_unhealthy(CudaFailure("device lost"))
+        await worker.executor.slots[AnswerPath.LIGHT].mark_unhealthy(CudaFailure("device lost"))
         assert worker.card().paths == ()
         for _ in range(50):
             if worker.card().paths:
                 break
             await asyncio.sleep(0.1)
-        assert [p.path for p in worker.card().paths] == [Path.LIGHT]
+        assert [p.path for p in worker.card().paths] == [AnswerPath.LIGHT]
 
         worker.stop()
         await asyncio.wait_for(running, timeout=10)
@@ -115,7 +117,7 @@ async def test_a_worker_announces_only_its_lanes_paths_and_withdraws(settings: S
 
 
 async def test_a_worker_whose_model_is_missing_is_not_ready_and_lists_only_the_rest(
-    settings: Settings, tmp_path: FsPath
+    settings: Settings, tmp_path: Path
 ) -> None:
     prefix = f"t{uuid.uuid4().hex[:8]}"
     missing = tmp_path / "missing.gguf"
@@ -133,6 +135,6 @@ async def test_a_worker_whose_model_is_missing_is_not_ready_and_lists_only_the_r
         await worker.start()
         assert not worker.state.ready
         assert "heavy" in worker.state.detail and str(missing) in worker.state.detail
-        assert [p.path for p in worker.card().paths] == [Path.LIGHT]
+        assert [p.path for p in worker.card().paths] == [AnswerPath.LIGHT]
     finally:
         await worker.close()

@@ -32,7 +32,7 @@ import inspect
 import itertools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
-from pathlib import Path as FsPath
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
@@ -72,7 +72,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-def model_source(model: str, model_dir: FsPath | None) -> str:
+def model_source(model: str, model_dir: Path | None) -> str:
     """What vLLM loads for ``model``: ``<model_dir>/<model>`` or ``model_dir``
     itself, whichever is a Hugging Face model directory (has ``config.json``);
     without ``model_dir``, ``model`` as it is (a local path or a Hub id)."""

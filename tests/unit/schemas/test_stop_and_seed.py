@@ -9,7 +9,7 @@ import time
 import pytest
 
 from schemas.errors import InvalidRequest
-from schemas.messages import Lane, Path, RequestLimits, RoutedRequest, parse_request
+from schemas.messages import AnswerPath, Lane, RequestLimits, RoutedRequest, parse_request
 from workers.execution import Executor
 
 LIMITS = RequestLimits()
@@ -48,7 +48,7 @@ def test_the_executor_hands_stop_and_seed_to_the_backend() -> None:
     routed = RoutedRequest(
         request=request,
         lane=Lane.BULK,
-        path=Path.LIGHT,
+        path=AnswerPath.LIGHT,
         reply_to="laneway.replies",
         produced_at_ms=now,
         routed_at_ms=now,
@@ -64,7 +64,7 @@ def test_the_executor_hands_top_p_to_the_backend() -> None:
     routed = RoutedRequest(
         request=request,
         lane=Lane.BULK,
-        path=Path.LIGHT,
+        path=AnswerPath.LIGHT,
         reply_to="laneway.replies",
         produced_at_ms=now,
         routed_at_ms=now,

@@ -12,13 +12,13 @@ from pydantic import BaseModel
 
 from schemas.jobs import BatchCounts, BatchJob, BatchJobEvent, BatchJobStatus
 from schemas.messages import (
+    AnswerPath,
     CancelRequest,
     ErrorInfo,
     Feedback,
     InferenceRequest,
     InferenceResult,
     Lane,
-    Path,
     QualityEvent,
     ResultChunk,
     RoutedRequest,
@@ -50,7 +50,7 @@ EXAMPLES: dict[str, list[BaseModel]] = {
         RoutedRequest(
             request=REQUEST,
             lane=Lane.REALTIME,
-            path=Path.LIGHT,
+            path=AnswerPath.LIGHT,
             reply_to="laneway.replies.client-web-1-bot",
             produced_at_ms=1_699_999_999_990,
             routed_at_ms=1_700_000_000_000,
@@ -58,7 +58,7 @@ EXAMPLES: dict[str, list[BaseModel]] = {
         )
     ],
     "result": [
-        InferenceResult(id="req-42", status="ok", output="It ships today.", path=Path.LIGHT),
+        InferenceResult(id="req-42", status="ok", output="It ships today.", path=AnswerPath.LIGHT),
         InferenceResult(
             id="req-43",
             status="error",
@@ -68,7 +68,7 @@ EXAMPLES: dict[str, list[BaseModel]] = {
         ),
     ],
     "result_chunk": [
-        ResultChunk(id="req-42", attempt=1, seq=0, delta="It ships", path=Path.LIGHT),
+        ResultChunk(id="req-42", attempt=1, seq=0, delta="It ships", path=AnswerPath.LIGHT),
         ResultChunk(
             id="req-42",
             attempt=1,
@@ -83,7 +83,7 @@ EXAMPLES: dict[str, list[BaseModel]] = {
         QualityEvent(
             kind="result",
             id="req-42",
-            path=Path.LIGHT,
+            path=AnswerPath.LIGHT,
             success=True,
             latency_ms=12.5,
             ts_ms=1_700_000_000_100,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from schemas.messages import InferenceResult, Path
+from schemas.messages import AnswerPath, InferenceResult
 from streams.tools.bench_classifier import (
     PHASES,
     PhaseRow,
@@ -27,13 +27,13 @@ def test_each_phase_has_unique_ids_and_its_own_prompts() -> None:
 
 
 def test_answers_count_only_when_they_came_the_way_the_phase_measures() -> None:
-    def result(path: Path, model: str) -> InferenceResult:
+    def result(path: AnswerPath, model: str) -> InferenceResult:
         return InferenceResult(id="x", status="ok", output="o", path=path, model=model)
 
-    assert expected_kind("rules", result(Path.RULES, "rules:greeting"))
-    assert expected_kind("exact", result(Path.CACHE, "cache:exact:m"))
-    assert not expected_kind("semantic", result(Path.CACHE, "cache:exact:m"))
-    assert expected_kind("semantic", result(Path.CACHE, "cache:semantic:m"))
+    assert expected_kind("rules", result(AnswerPath.RULES, "rules:greeting"))
+    assert expected_kind("exact", result(AnswerPath.CACHE, "cache:exact:m"))
+    assert not expected_kind("semantic", result(AnswerPath.CACHE, "cache:exact:m"))
+    assert expected_kind("semantic", result(AnswerPath.CACHE, "cache:semantic:m"))
 
 
 def test_the_table_shows_rates_and_cpu_per_request() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schemas.messages import ErrorInfo, InferenceRequest, InferenceResult, Path
+from schemas.messages import AnswerPath, ErrorInfo, InferenceRequest, InferenceResult
 from schemas.settings import CacheSettings
 from streams.cache.embedding import Embedder, MiniLMEmbedder
 from streams.cache.keys import time_relative
@@ -38,7 +38,7 @@ def req(prompt: str | None = "How do I reset my password?", **fields: Any) -> In
 
 def ok(**fields: Any) -> InferenceResult:
     values: dict[str, Any] = {"id": "r1", "status": "ok", "output": "Use the reset link."}
-    values["path"] = Path.LIGHT
+    values["path"] = AnswerPath.LIGHT
     values.update(fields)
     return InferenceResult(**values)
 
@@ -147,15 +147,15 @@ def test_cache_control(value: object, expected: tuple[bool, bool]) -> None:
 
 def test_only_deterministic_full_model_answers_may_be_stored() -> None:
     assert store_refusal(req(), ok()) is None
-    assert store_refusal(req(), ok(path=Path.HEAVY, model="gemma3-270m")) is None
+    assert store_refusal(req(), ok(path=AnswerPath.HEAVY, model="gemma3-270m")) is None
     error = ErrorInfo(code="INF-503", message="timed out", retryable=True)
     refused = [
         (req(), ok(status="error", output=None, error=error)),
         (req(temperature=0.7), ok()),
         (req(), ok(output="   ")),
-        (req(), ok(degraded=True, requested_path=Path.HEAVY)),
-        (req(), ok(path=Path.RULES)),
-        (req(), ok(path=Path.CACHE)),
+        (req(), ok(degraded=True, requested_path=AnswerPath.HEAVY)),
+        (req(), ok(path=AnswerPath.RULES)),
+        (req(), ok(path=AnswerPath.CACHE)),
         (req(), ok(path=None)),
         (req(metadata={"cache": "no-store"}), ok()),
         (req(), ok(id="someone-else")),

@@ -149,7 +149,7 @@ def test_accepted_requests_carry_their_request_for_the_limiter() -> None:
 
 
 def test_a_cache_hit_is_answered_by_the_classifier() -> None:
-    from schemas.messages import ChatMessage, Path
+    from schemas.messages import AnswerPath, ChatMessage
     from streams.cache.response import CacheHit
     from streams.classify.classifier import route
     from streams.classify.policy import Found
@@ -159,7 +159,7 @@ def test_a_cache_hit_is_answered_by_the_classifier() -> None:
     admitted = admit(record(body()), now_ms=NOW, settings=SETTINGS)
     assert isinstance(admitted, Admitted)
     router = SmartRouter(builtin_registry(SETTINGS.backend), SETTINGS.routing)
-    hit = CacheHit("Paris.", "semantic", 0.97, "llamacpp:smollm2-135m", Path.LIGHT, "k")
+    hit = CacheHit("Paris.", "semantic", 0.97, "llamacpp:smollm2-135m", AnswerPath.LIGHT, "k")
     out = route(admitted, Found(hit=hit), now_ms=NOW, settings=SETTINGS, router=router)
     assert out.outcome == "answered" and out.result is not None
     assert out.result.path == "cache" and out.result.output == "Paris."

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane
 from schemas.settings import FlowSettings, RedisSettings, RoutingSettings, Settings
 from streams.cache.response import CacheHit, Probe
 from streams.classify.batch import BatchClassifier, BatchLookups, Plan, semantic_wanted, waves
@@ -223,7 +223,7 @@ async def test_realtime_model_requests_are_written_to_the_partitions_of_the_work
     goes to medium, or is answered here, goes where its key hashes."""
     gate = RealtimeGate(FlowSettings(), clock_ms=lambda: NOW)
     gate.serving(4)
-    light = frozenset({Path.LIGHT})
+    light = frozenset({AnswerPath.LIGHT})
     gate.workers({"busy": RealtimeWorker(2, (0,), light), "idle": RealtimeWorker(2, (1, 2), light)})
     gate.reported(2, None, at_ms=NOW - 1)
     gate.worker_reported("busy", 2, None, at_ms=NOW - 1)
@@ -255,8 +255,8 @@ async def test_a_full_light_worker_spills_light_work_though_a_heavy_worker_idles
     gate.serving(4)
     gate.workers(
         {
-            "light": RealtimeWorker(2, (0,), frozenset({Path.LIGHT})),
-            "heavy": RealtimeWorker(2, (1,), frozenset({Path.HEAVY})),
+            "light": RealtimeWorker(2, (0,), frozenset({AnswerPath.LIGHT})),
+            "heavy": RealtimeWorker(2, (1,), frozenset({AnswerPath.HEAVY})),
         }
     )
     gate.reported(4, None, at_ms=NOW - 1)

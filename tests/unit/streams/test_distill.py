@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,7 +156,7 @@ def test_parse_when() -> None:
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
-def test_rows_round_trip(tmp_path: FsPath, suffix: str) -> None:
+def test_rows_round_trip(tmp_path: Path, suffix: str) -> None:
     collected, window = collected_window()
     rows, _ = join_rows(collected, window, settings=SETTINGS, registry=REGISTRY)
     path = tmp_path / f"rows{suffix}"
@@ -164,7 +164,7 @@ def test_rows_round_trip(tmp_path: FsPath, suffix: str) -> None:
     assert [r.as_dict() for r in read_rows(path)] == [r.as_dict() for r in rows]
 
 
-def test_rows_errors_name_the_line(tmp_path: FsPath) -> None:
+def test_rows_errors_name_the_line(tmp_path: Path) -> None:
     path = tmp_path / "rows.jsonl"
     path.write_text('{"id": "x"}\n')
     with pytest.raises(RowsError, match=r"rows.jsonl:1: .*lacks"):
@@ -290,7 +290,7 @@ def test_holdout_is_stable_and_kept_out() -> None:
     assert trained.router.artifact.holdout == 0.25
 
 
-def test_artifact_round_trip_scores_the_same(tmp_path: FsPath) -> None:
+def test_artifact_round_trip_scores_the_same(tmp_path: Path) -> None:
     rows = synthetic_rows()
     router = train_router(rows, embed=toy_embed).router
     path = tmp_path / "router.json"
@@ -303,7 +303,7 @@ def test_artifact_round_trip_scores_the_same(tmp_path: FsPath) -> None:
     assert json.loads(path.read_text())["format"] == "laneway-learned-router/1"
 
 
-def test_a_broken_artifact_is_refused(tmp_path: FsPath) -> None:
+def test_a_broken_artifact_is_refused(tmp_path: Path) -> None:
     router = train_router(synthetic_rows(), embed=None).router
     data = router.artifact.model_dump(mode="json")
     data["heads"]["features"]["coef"] = data["heads"]["features"]["coef"][:-1]
@@ -329,7 +329,7 @@ def test_curve_and_points() -> None:
     assert (pt.heavy_share, pt.quality, pt.agreement) == (0.5, 1.0, 1.0)
 
 
-def test_report_promotes_a_router_that_beats_the_rule(tmp_path: FsPath) -> None:
+def test_report_promotes_a_router_that_beats_the_rule(tmp_path: Path) -> None:
     rows = synthetic_rows()
     router = train_router(rows, embed=None, heavy_share=0.5).router
     report = build_report(
@@ -350,7 +350,7 @@ def test_report_promotes_a_router_that_beats_the_rule(tmp_path: FsPath) -> None:
     assert not few.promote and "only 5 labelled rows" in few.reason
 
 
-def test_finetune_set(tmp_path: FsPath) -> None:
+def test_finetune_set(tmp_path: Path) -> None:
     rows = [
         row("a", "Q1", light_output="l", heavy_output="H1"),
         row("b", "q1", light_output="l", heavy_output="H1"),  # same prompt: once
@@ -364,7 +364,7 @@ def test_finetune_set(tmp_path: FsPath) -> None:
 
 
 def test_the_cli_trains_and_reports_on_an_export(
-    tmp_path: FsPath, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from streams.tools.cli import main
 

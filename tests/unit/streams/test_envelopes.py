@@ -2,7 +2,7 @@ import asyncio
 
 from aiokafka.errors import MessageSizeTooLargeError, TopicAuthorizationFailedError
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.kafka.envelopes import Outbound, deliver, refused_for_good
 
@@ -54,7 +54,7 @@ def _lane_record(**request: object) -> Outbound:
     routed = RoutedRequest(
         request=InferenceRequest(id="big-1", prompt="x", **request),  # type: ignore[arg-type]
         lane=Lane.BULK,
-        path=Path.HEAVY,
+        path=AnswerPath.HEAVY,
         reply_to="laneway.replies.c1",
         produced_at_ms=1,
         routed_at_ms=2,

@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 from prometheus_client import REGISTRY
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import FlowSettings, RoutingSettings, Settings
 from streams.classify.classifier import SourceRecord, classify_record
 from streams.classify.features import Complexity
@@ -72,22 +72,22 @@ def req(prompt: str) -> InferenceRequest:
 
 
 def test_level_one_moves_medium_work_to_light_but_not_complex_work() -> None:
-    plain = Decision(Lane.MEDIUM, Path.HEAVY, Complexity.MODERATE)
+    plain = Decision(Lane.MEDIUM, AnswerPath.HEAVY, Complexity.MODERATE)
     moved = apply_level(plain, 1, 100)
     assert isinstance(moved, Decision)
-    assert moved.path is Path.LIGHT and moved.requested_path is Path.HEAVY
-    hard = Decision(Lane.MEDIUM, Path.HEAVY, Complexity.COMPLEX)
+    assert moved.path is AnswerPath.LIGHT and moved.requested_path is AnswerPath.HEAVY
+    hard = Decision(Lane.MEDIUM, AnswerPath.HEAVY, Complexity.COMPLEX)
     assert apply_level(hard, 1, 100) == hard
 
 
 def test_level_two_sheds_bulk_and_level_three_keeps_realtime_light() -> None:
-    shed = apply_level(Decision(Lane.BULK, Path.LIGHT), 2, 1234)
+    shed = apply_level(Decision(Lane.BULK, AnswerPath.LIGHT), 2, 1234)
     assert shed == Shed("bulk intake paused (load level 2)", 1234)
-    realtime_hard = Decision(Lane.REALTIME, Path.HEAVY, Complexity.COMPLEX)
+    realtime_hard = Decision(Lane.REALTIME, AnswerPath.HEAVY, Complexity.COMPLEX)
     assert apply_level(realtime_hard, 2, 1) == realtime_hard
     three = apply_level(realtime_hard, 3, 1)
-    assert isinstance(three, Decision) and three.path is Path.LIGHT
-    assert apply_level(Decision(Lane.REALTIME, Path.RULES), 3, 1).path is Path.RULES  # type: ignore[union-attr]
+    assert isinstance(three, Decision) and three.path is AnswerPath.LIGHT
+    assert apply_level(Decision(Lane.REALTIME, AnswerPath.RULES), 3, 1).path is AnswerPath.RULES  # type: ignore[union-attr]
 
 
 def test_classifier_sheds_and_degrades_by_level() -> None:
@@ -111,9 +111,9 @@ def test_classifier_sheds_and_degrades_by_level() -> None:
 
 
 def test_a_forced_path_is_never_moved_but_bulk_is_still_shed() -> None:
-    forced = Decision(Lane.MEDIUM, Path.HEAVY, Complexity.SIMPLE, forced=True)
+    forced = Decision(Lane.MEDIUM, AnswerPath.HEAVY, Complexity.SIMPLE, forced=True)
     assert apply_level(forced, 3, 1) == forced
-    assert isinstance(apply_level(Decision(Lane.BULK, Path.HEAVY, forced=True), 2, 1), Shed)
+    assert isinstance(apply_level(Decision(Lane.BULK, AnswerPath.HEAVY, forced=True), 2, 1), Shed)
 
 
 def test_a_full_realtime_lane_refuses_model_requests_fast() -> None:
@@ -124,20 +124,20 @@ def test_a_full_realtime_lane_refuses_model_requests_fast() -> None:
     full = realtime_full(16, flow)
     assert full == LaneFull(Lane.REALTIME, 16, 700)
     assert realtime_full(10_000, FlowSettings(realtime_max_backlog=None)) is None
-    light = Decision(Lane.REALTIME, Path.LIGHT, lane_asked=True)
+    light = Decision(Lane.REALTIME, AnswerPath.LIGHT, lane_asked=True)
     assert apply_level(light, 0, 5_000, full) == Shed(
         "realtime lane full (16 requests waiting); retry shortly", 700
     )
     assert spills(light, full) is None, "the client asked for realtime: refused, not moved"
     # Put on realtime by the classifier, not the client: it goes to medium.
-    chosen = Decision(Lane.REALTIME, Path.LIGHT)
+    chosen = Decision(Lane.REALTIME, AnswerPath.LIGHT)
     assert spills(chosen, full) is Lane.MEDIUM
     assert spills(chosen, None) is None, "not full: it stays"
     assert apply_level(chosen, 0, 5_000) == chosen
-    medium = Decision(Lane.MEDIUM, Path.HEAVY, Complexity.COMPLEX)
+    medium = Decision(Lane.MEDIUM, AnswerPath.HEAVY, Complexity.COMPLEX)
     assert spills(medium, full) is None
     assert apply_level(medium, 0, 5_000, full) == medium
-    forced = Decision(Lane.REALTIME, Path.HEAVY, forced=True)
+    forced = Decision(Lane.REALTIME, AnswerPath.HEAVY, forced=True)
     assert spills(forced, full) is None
     assert apply_level(forced, 0, 5_000, full) == forced
 
@@ -235,7 +235,10 @@ def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium()
     assert lane_of(full, lane="realtime") == "INF-429"  # the client asked for it
     assert lane_of(full, deadline_ms=2_000) == "INF-429"  # a deadline only realtime keeps
     # The spilled request takes a path medium's live workers serve, not realtime's.
-    split: Serving = {Lane.REALTIME: frozenset({Path.LIGHT}), Lane.MEDIUM: frozenset({Path.HEAVY})}
+    split: Serving = {
+        Lane.REALTIME: frozenset({AnswerPath.LIGHT}),
+        Lane.MEDIUM: frozenset({AnswerPath.HEAVY}),
+    }
     assert lane_of(None, split) == "realtime light"
     assert lane_of(full, split) == "medium heavy"
 
@@ -289,7 +292,7 @@ def test_realtime_keeps_its_last_round_for_the_requests_that_asked_for_it() -> N
     assert realtime_full(1, flow, capacity=2) is None
     assert realtime_full(2, flow, capacity=2) == LaneFull(Lane.REALTIME, 2, 1_000, asked_too=False)
     assert realtime_full(4, flow, capacity=2) == LaneFull(Lane.REALTIME, 4, 1_000)
-    asked = Decision(Lane.REALTIME, Path.LIGHT, lane_asked=True)
+    asked = Decision(Lane.REALTIME, AnswerPath.LIGHT, lane_asked=True)
     assert apply_level(asked, 0, 5_000, realtime_full(3, flow, capacity=2)) == asked
     assert isinstance(apply_level(asked, 0, 5_000, realtime_full(4, flow, capacity=2)), Shed)
     # Off, the classifier's picks spill only where everyone is refused.

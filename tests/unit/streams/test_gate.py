@@ -3,7 +3,7 @@ each worker judged by its own queue where its card says its partitions."""
 
 from __future__ import annotations
 
-from schemas.messages import Lane, Path
+from schemas.messages import AnswerPath, Lane
 from schemas.settings import FlowSettings
 from streams.classify.flow import LaneFull
 from streams.classify.gate import RealtimeGate, RealtimeWorker, realtime_workers
@@ -54,7 +54,7 @@ def test_a_gate_that_never_had_a_report_says_nothing_is_full() -> None:
     assert gate.full() is None and gate.waiting() <= 5 * 31  # what is older is forgotten
 
 
-LIGHT = frozenset({Path.LIGHT})
+LIGHT = frozenset({AnswerPath.LIGHT})
 
 
 def _two_workers(now: list[int]) -> RealtimeGate:
@@ -78,11 +78,11 @@ def test_a_request_goes_to_the_worker_with_room_and_the_lane_is_full_when_it_is(
     gate.worker_reported("a", 7, None, at_ms=10_000)  # one short of its batch mark (8)
     gate.worker_reported("b", 0, None, at_ms=10_000)
     assert gate.full() is None
-    sent = [gate.sent(path=Path.LIGHT) for _ in range(7)]
+    sent = [gate.sent(path=AnswerPath.LIGHT) for _ in range(7)]
     assert set(sent) == {2, 3}, "b's partitions, in turn, until b waits as long as a"
     assert gate.full() is None and gate.waiting() == 14
-    gate.sent(path=Path.LIGHT)
-    gate.sent(path=Path.LIGHT)  # one each: both at their batch mark (8)
+    gate.sent(path=AnswerPath.LIGHT)
+    gate.sent(path=AnswerPath.LIGHT)  # one each: both at their batch mark (8)
     assert gate.full() == LaneFull(Lane.REALTIME, 8, 1_000)
 
 
@@ -94,7 +94,7 @@ def test_summed_over_the_lane_one_idle_worker_would_hide_anothers_queue() -> Non
     gate.reported(9, None, at_ms=10_000)
     gate.worker_reported("a", 9, None, at_ms=10_000)
     gate.worker_reported("b", 0, None, at_ms=10_000)
-    assert gate.full() is None and gate.sent(path=Path.LIGHT) in (2, 3)
+    assert gate.full() is None and gate.sent(path=AnswerPath.LIGHT) in (2, 3)
     gate.worker_reported("b", 9, None, at_ms=10_000)  # both past their own marks
     assert gate.full() == LaneFull(Lane.REALTIME, 9, 1_000)
 
@@ -106,7 +106,7 @@ def _light_and_heavy(light_waiting: int) -> RealtimeGate:
     gate.workers(
         {
             "a": RealtimeWorker(4, (0, 1), LIGHT),
-            "b": RealtimeWorker(4, (2, 3), frozenset({Path.HEAVY})),
+            "b": RealtimeWorker(4, (2, 3), frozenset({AnswerPath.HEAVY})),
         }
     )
     gate.reported(light_waiting, None, at_ms=10_000)
@@ -117,17 +117,19 @@ def _light_and_heavy(light_waiting: int) -> RealtimeGate:
 
 def test_only_a_worker_serving_the_path_is_chosen() -> None:
     gate = _light_and_heavy(3)
-    assert gate.sent(path=Path.LIGHT) in (0, 1)
-    assert gate.sent(path=Path.HEAVY) in (2, 3)
-    assert gate.sent(path=Path("other")) is None, "no worker judged alone serves it: its key's"
+    assert gate.sent(path=AnswerPath.LIGHT) in (0, 1)
+    assert gate.sent(path=AnswerPath.HEAVY) in (2, 3)
+    assert gate.sent(path=AnswerPath("other")) is None, (
+        "no worker judged alone serves it: its key's"
+    )
 
 
 def test_the_lane_is_full_for_a_path_when_the_workers_serving_it_are() -> None:
     """The light worker at its batch mark (8), the heavy one idle: full for
     light, not for heavy, and not for a request of any path."""
     gate = _light_and_heavy(8)
-    assert gate.full(Path.LIGHT) == LaneFull(Lane.REALTIME, 8, 1_000)
-    assert gate.full(Path.HEAVY) is None
+    assert gate.full(AnswerPath.LIGHT) == LaneFull(Lane.REALTIME, 8, 1_000)
+    assert gate.full(AnswerPath.HEAVY) is None
     assert gate.full() is None
 
 
@@ -146,18 +148,18 @@ def test_without_a_fresh_report_of_its_own_a_worker_is_not_judged_alone() -> Non
     now = [10_000]
     gate = _two_workers(now)
     gate.reported(0, None, at_ms=10_000)
-    assert gate.sent(path=Path.LIGHT) is None, "no worker reported yet: the key's partition"
+    assert gate.sent(path=AnswerPath.LIGHT) is None, "no worker reported yet: the key's partition"
     gate.worker_reported("a", 0, None, at_ms=10_000)
-    assert gate.sent(path=Path.LIGHT) in (0, 1)
+    assert gate.sent(path=AnswerPath.LIGHT) in (0, 1)
     gate.workers({"b": RealtimeWorker(4, (2, 3), LIGHT)})  # a's card is gone: it is forgotten
     gate.worker_reported("a", 0, None, at_ms=10_000)
-    assert gate.sent(path=Path.LIGHT) is None
+    assert gate.sent(path=AnswerPath.LIGHT) is None
     gate.workers(None)  # the board cannot say
-    assert gate.sent(path=Path.LIGHT) is None
+    assert gate.sent(path=AnswerPath.LIGHT) is None
 
 
 def test_realtime_workers_are_those_that_serve_a_model_and_say_their_partitions() -> None:
-    light = PathCard(Path.LIGHT, "llamacpp", "m", "cpu")
+    light = PathCard(AnswerPath.LIGHT, "llamacpp", "m", "cpu")
     cards = [
         WorkerCard("a", Lane.REALTIME, (light,), 8, 1, (0, 1)),
         WorkerCard("old", Lane.REALTIME, (light,), 8, 1),  # an older worker's card

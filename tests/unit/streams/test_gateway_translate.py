@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from schemas.messages import InferenceResult, Lane, Path, Usage
+from schemas.messages import AnswerPath, InferenceResult, Lane, Usage
 from streams.gateway.errors import GatewayError
 from streams.gateway.translate import (
     Knobs,
@@ -175,7 +175,7 @@ def test_a_result_becomes_a_chat_completion() -> None:
         status="ok",
         output="Blue.",
         lane=Lane.REALTIME,
-        path=Path.LIGHT,
+        path=AnswerPath.LIGHT,
         model="smollm2-135m",
         version="q4_1",
         usage=Usage(prompt_tokens=5, completion_tokens=2),
@@ -209,7 +209,7 @@ def test_a_result_becomes_a_chat_completion() -> None:
         "X-Laneway-Model": "smollm2-135m",
         "X-Laneway-Version": "q4_1",
     }
-    rule = laneway_headers(request_id="r", lane=None, path=Path.RULES, model="rules:greeting")
+    rule = laneway_headers(request_id="r", lane=None, path=AnswerPath.RULES, model="rules:greeting")
     assert rule["X-Laneway-Rule"] == "greeting" and "X-Laneway-Lane" not in rule
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import BackendSettings, RoutingSettings, Settings
 from streams.classify.classifier import SourceRecord, classify_record
 from streams.classify.features import Complexity, RequestFeatures, complexity_of, extract_features
@@ -91,23 +91,27 @@ def test_the_learned_term_moves_decisions_both_ways() -> None:
     # Simple by the rule, light both ways on features alone...
     colour = features("Name a colour.")
     assert complexity_of(colour, ROUTING) is Complexity.SIMPLE
-    assert plain.choose(Complexity.SIMPLE, Lane.MEDIUM, {}).path is Path.LIGHT
+    assert plain.choose(Complexity.SIMPLE, Lane.MEDIUM, {}).path is AnswerPath.LIGHT
     choice = learned.choose(Complexity.SIMPLE, Lane.MEDIUM, {}, features=colour)
-    assert choice.path is Path.LIGHT and choice.learned_p is not None
+    assert choice.path is AnswerPath.LIGHT and choice.learned_p is not None
     # ...but heavy once the embedding says light is not good enough.
     heavy = learned.choose(
         Complexity.SIMPLE, Lane.MEDIUM, {}, features=colour, embedding=np.array([1.0, 0.0])
     )
-    assert heavy.path is Path.HEAVY and heavy.scores["light"] > heavy.scores["heavy"]
+    assert heavy.path is AnswerPath.HEAVY and heavy.scores["light"] > heavy.scores["heavy"]
     # A long prompt is moderate by the rule (heavy); the learned router judges
     # it light enough, and every model serving the lane competes.
     long = features(LONG)
     assert complexity_of(long, ROUTING) is Complexity.MODERATE
-    assert plain.choose(Complexity.MODERATE, Lane.MEDIUM, {}).path is Path.HEAVY
-    assert learned.choose(Complexity.MODERATE, Lane.MEDIUM, {}, features=long).path is Path.LIGHT
+    assert plain.choose(Complexity.MODERATE, Lane.MEDIUM, {}).path is AnswerPath.HEAVY
+    assert (
+        learned.choose(Complexity.MODERATE, Lane.MEDIUM, {}, features=long).path is AnswerPath.LIGHT
+    )
     # A reasoning request: heavy either way.
     why = features("Explain why the sky is blue.")
-    assert learned.choose(Complexity.MODERATE, Lane.MEDIUM, {}, features=why).path is Path.HEAVY
+    assert (
+        learned.choose(Complexity.MODERATE, Lane.MEDIUM, {}, features=why).path is AnswerPath.HEAVY
+    )
 
 
 def test_scope_and_weight_settings() -> None:
@@ -115,21 +119,26 @@ def test_scope_and_weight_settings() -> None:
     only_simple = RoutingSettings(exploration=0.0, learned_max_complexity="simple")
     router = SmartRouter(REGISTRY, only_simple, learned=LearnedRouter(artifact()))
     choice = router.choose(Complexity.MODERATE, Lane.MEDIUM, {}, features=long)
-    assert choice.path is Path.HEAVY and choice.learned_p is None
+    assert choice.path is AnswerPath.HEAVY and choice.learned_p is None
     off = SmartRouter(
         REGISTRY, RoutingSettings(exploration=0.0, w_learned=0), learned=LearnedRouter(artifact())
     )
-    assert off.choose(Complexity.MODERATE, Lane.MEDIUM, {}, features=long).path is Path.HEAVY
+    assert off.choose(Complexity.MODERATE, Lane.MEDIUM, {}, features=long).path is AnswerPath.HEAVY
     # The lane's served paths still bound the choice.
     router = SmartRouter(REGISTRY, ROUTING, learned=LearnedRouter(artifact()))
     colour = features("Name a colour.")
     served = router.choose(
-        Complexity.SIMPLE, Lane.REALTIME, {}, {Path.LIGHT}, features=colour, embedding=np.ones(2)
+        Complexity.SIMPLE,
+        Lane.REALTIME,
+        {},
+        {AnswerPath.LIGHT},
+        features=colour,
+        embedding=np.ones(2),
     )
-    assert served.path is Path.LIGHT
+    assert served.path is AnswerPath.LIGHT
 
 
-def test_the_setting_loads_the_artifact_and_the_classifier_uses_it(tmp_path: FsPath) -> None:
+def test_the_setting_loads_the_artifact_and_the_classifier_uses_it(tmp_path: Path) -> None:
     path = tmp_path / "router.json"
     save_artifact(artifact(), path)
     settings = Settings().model_copy(
@@ -141,6 +150,6 @@ def test_the_setting_loads_the_artifact_and_the_classifier_uses_it(tmp_path: FsP
     record = SourceRecord(raw, None, 1_000, "laneway.requests", 0, 0)
     out = classify_record(record, now_ms=1_000, settings=settings, rules=RuleBook(), router=router)
     routed = RoutedRequest.model_validate_json(out.records[0].value)
-    assert routed.path is Path.LIGHT  # the rule alone would send it heavy
+    assert routed.path is AnswerPath.LIGHT  # the rule alone would send it heavy
     plain = classify_record(record, now_ms=1_000, settings=Settings(), rules=RuleBook())
-    assert RoutedRequest.model_validate_json(plain.records[0].value).path is Path.HEAVY
+    assert RoutedRequest.model_validate_json(plain.records[0].value).path is AnswerPath.HEAVY

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import RoutingSettings, Settings
 from streams.cache.keys import cache_key, cache_scope
 from streams.cache.response import CacheHit
@@ -142,7 +142,7 @@ def test_the_cache_keeps_a_named_models_answers_apart() -> None:
 
 def test_a_cache_entry_of_the_named_model_still_answers() -> None:
     router = SmartRouter(REGISTRY, SETTINGS.routing)
-    hit = CacheHit("Paris.", "exact", 1.0, "llamacpp:gemma3-270m", Path.HEAVY, "k", 3)
+    hit = CacheHit("Paris.", "exact", 1.0, "llamacpp:gemma3-270m", AnswerPath.HEAVY, "k", 3)
     out = route(
         admitted(model="heavy"), Found(hit=hit), now_ms=NOW, settings=SETTINGS, router=router
     )
@@ -153,24 +153,34 @@ def test_a_cache_entry_of_the_named_model_still_answers() -> None:
 
 def test_the_worker_board_decides_the_lane_when_it_says() -> None:
     router = SmartRouter(REGISTRY, SETTINGS.routing)
-    both = {Lane.REALTIME: frozenset({Path.LIGHT, Path.HEAVY}), Lane.MEDIUM: frozenset()}
+    both = {
+        Lane.REALTIME: frozenset({AnswerPath.LIGHT, AnswerPath.HEAVY}),
+        Lane.MEDIUM: frozenset(),
+    }
     out = route(
         admitted(model="heavy"), Found(), now_ms=NOW, settings=SETTINGS, router=router, serving=both
     )
     assert routed_of(out).lane == "realtime"
-    bulk_only = {Lane.REALTIME: frozenset({Path.LIGHT}), Lane.BULK: frozenset({Path.HEAVY})}
-    assert lane_serving(Lane.REALTIME, Path.HEAVY, bulk_only, (Lane.MEDIUM,)) is Lane.BULK
-    assert lane_serving(Lane.REALTIME, Path.HEAVY, None, (Lane.MEDIUM, Lane.BULK)) is Lane.MEDIUM
-    assert lane_serving(Lane.BULK, Path.HEAVY, None, ()) is Lane.BULK  # nowhere known: as asked
+    bulk_only = {
+        Lane.REALTIME: frozenset({AnswerPath.LIGHT}),
+        Lane.BULK: frozenset({AnswerPath.HEAVY}),
+    }
+    assert lane_serving(Lane.REALTIME, AnswerPath.HEAVY, bulk_only, (Lane.MEDIUM,)) is Lane.BULK
+    assert (
+        lane_serving(Lane.REALTIME, AnswerPath.HEAVY, None, (Lane.MEDIUM, Lane.BULK)) is Lane.MEDIUM
+    )
+    assert (
+        lane_serving(Lane.BULK, AnswerPath.HEAVY, None, ()) is Lane.BULK
+    )  # nowhere known: as asked
 
 
 def test_configured_lanes_follow_the_lane_settings() -> None:
-    assert lanes_serving(SETTINGS, REGISTRY, Path.HEAVY) == (Lane.MEDIUM, Lane.BULK)
-    assert lanes_serving(SETTINGS, REGISTRY, Path.LIGHT) == (Lane.REALTIME, Lane.MEDIUM)
+    assert lanes_serving(SETTINGS, REGISTRY, AnswerPath.HEAVY) == (Lane.MEDIUM, Lane.BULK)
+    assert lanes_serving(SETTINGS, REGISTRY, AnswerPath.LIGHT) == (Lane.REALTIME, Lane.MEDIUM)
     heavy_everywhere = SETTINGS.model_copy(
-        update={"realtime": SETTINGS.realtime.model_copy(update={"paths": (Path.HEAVY,)})}
+        update={"realtime": SETTINGS.realtime.model_copy(update={"paths": (AnswerPath.HEAVY,)})}
     )
-    assert Lane.REALTIME in lanes_serving(heavy_everywhere, REGISTRY, Path.HEAVY)
+    assert Lane.REALTIME in lanes_serving(heavy_everywhere, REGISTRY, AnswerPath.HEAVY)
 
 
 def test_load_never_moves_a_named_model_to_another_path() -> None:

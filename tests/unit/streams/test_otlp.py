@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from schemas.errors import BackendUnavailable, InvalidRequest
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings, TracingSettings
 from streams.classify.classifier import SourceRecord, classify_record
 from streams.kafka.otlp import SPANS, SpanExporter, export_request, exporter_for, resource
@@ -103,7 +103,7 @@ def test_a_span_follows_the_messaging_conventions() -> None:
 
 def test_an_error_result_is_an_error_span() -> None:
     result = InferenceResult.failure(
-        "r-2", BackendUnavailable("no path"), lane=Lane.MEDIUM, path=Path("heavy")
+        "r-2", BackendUnavailable("no path"), lane=Lane.MEDIUM, path=AnswerPath("heavy")
     )
     outcome = Outcome.of_result(result)
     assert outcome == Outcome("r-2", "medium", "heavy", "error", "INF-502")
@@ -175,13 +175,13 @@ def test_lane_outcomes_say_what_became_of_each_record() -> None:
     routed = RoutedRequest(
         request=request,
         lane=Lane.REALTIME,
-        path=Path("light"),
+        path=AnswerPath("light"),
         reply_to="laneway.replies",
         produced_at_ms=1,
         routed_at_ms=1,
     )
     keys = [("t", 0, offset, f"q-{offset}") for offset in range(3)]
-    result = InferenceResult(id="q-1", status="ok", lane=Lane.REALTIME, path=Path("light"))
+    result = InferenceResult(id="q-1", status="ok", lane=Lane.REALTIME, path=AnswerPath("light"))
     outcomes = lane_outcomes(
         [(key, routed) for key in keys], [(keys[0], result)], [keys[1], ("t", 0, 99, "x")]
     )

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from schemas.messages import InferenceRequest, Lane, Path
+from schemas.messages import AnswerPath, InferenceRequest, Lane
 from schemas.settings import BackendSettings, RoutingSettings
 from streams.classify.features import Complexity, estimate_tokens
 from streams.classify.policy import Decision, Found, decide
@@ -27,18 +27,18 @@ def decide_on(req: InferenceRequest, routing: RoutingSettings = ROUTING) -> Deci
 @pytest.mark.parametrize(
     ("prompt", "path", "lane", "complexity"),
     [
-        ("Hello!", Path.RULES, Lane.REALTIME, Complexity.SIMPLE),
-        ("thanks a lot", Path.RULES, Lane.REALTIME, Complexity.SIMPLE),
-        ("ping", Path.RULES, Lane.REALTIME, Complexity.SIMPLE),
-        ("What is the capital of France?", Path.LIGHT, Lane.REALTIME, Complexity.SIMPLE),
-        ("Explain why the sky is blue.", Path.HEAVY, Lane.MEDIUM, Complexity.MODERATE),
-        ("What is 12 * 7?", Path.HEAVY, Lane.MEDIUM, Complexity.COMPLEX),
-        ("```python\nprint(1)\n```", Path.HEAVY, Lane.MEDIUM, Complexity.COMPLEX),
-        ("word " * 60, Path.HEAVY, Lane.MEDIUM, Complexity.MODERATE),
+        ("Hello!", AnswerPath.RULES, Lane.REALTIME, Complexity.SIMPLE),
+        ("thanks a lot", AnswerPath.RULES, Lane.REALTIME, Complexity.SIMPLE),
+        ("ping", AnswerPath.RULES, Lane.REALTIME, Complexity.SIMPLE),
+        ("What is the capital of France?", AnswerPath.LIGHT, Lane.REALTIME, Complexity.SIMPLE),
+        ("Explain why the sky is blue.", AnswerPath.HEAVY, Lane.MEDIUM, Complexity.MODERATE),
+        ("What is 12 * 7?", AnswerPath.HEAVY, Lane.MEDIUM, Complexity.COMPLEX),
+        ("```python\nprint(1)\n```", AnswerPath.HEAVY, Lane.MEDIUM, Complexity.COMPLEX),
+        ("word " * 60, AnswerPath.HEAVY, Lane.MEDIUM, Complexity.MODERATE),
     ],
 )
 def test_path_lane_and_complexity(
-    prompt: str, path: Path, lane: Lane, complexity: Complexity
+    prompt: str, path: AnswerPath, lane: Lane, complexity: Complexity
 ) -> None:
     decision = decide_on(request(prompt))
     assert (decision.path, decision.lane, decision.complexity) == (path, lane, complexity)
@@ -66,26 +66,26 @@ def test_tenant_tier_moves_lanes() -> None:
 
 def test_rules_can_be_switched_off() -> None:
     decision = decide_on(request("Hello"), RoutingSettings(rules_enabled=False, exploration=0))
-    assert decision.path is Path.LIGHT and decision.rule is None
+    assert decision.path is AnswerPath.LIGHT and decision.rule is None
 
 
 def test_light_threshold_is_a_setting() -> None:
     prompt = "What colour is a ripe banana usually?"
-    assert decide_on(request(prompt)).path is Path.LIGHT
+    assert decide_on(request(prompt)).path is AnswerPath.LIGHT
     tight = RoutingSettings(light_max_prompt_tokens=estimate_tokens(prompt) - 1, exploration=0)
-    assert decide_on(request(prompt), tight).path is Path.HEAVY
+    assert decide_on(request(prompt), tight).path is AnswerPath.HEAVY
 
 
 def test_messages_are_measured_whole() -> None:
     long_history = [{"role": "user", "content": "word " * 100}, {"role": "user", "content": "ok?"}]
     req = InferenceRequest.model_validate({"id": "r", "messages": long_history})
-    assert decide_on(req).path is Path.HEAVY
+    assert decide_on(req).path is AnswerPath.HEAVY
 
 
 def test_force_path_skips_rules_and_router() -> None:
     forced = RoutingSettings(force_path="heavy")
     decision = decide_on(request("Hello"), forced)
-    assert decision.path is Path.HEAVY and decision.rule is None
+    assert decision.path is AnswerPath.HEAVY and decision.rule is None
 
 
 def test_rule_templates_fill_named_groups() -> None:

@@ -3,7 +3,7 @@
 import pytest
 
 from schemas.errors import RateLimited
-from schemas.messages import InferenceResult, Path
+from schemas.messages import AnswerPath, InferenceResult
 from schemas.settings import CacheSettings, PrewarmSettings, Settings
 from streams.cache.hot_questions import HotQuestion
 from streams.cache.prewarm import (
@@ -25,13 +25,19 @@ def test_coverage_weighs_questions_by_how_often_they_are_asked() -> None:
 
 
 def test_results_are_tallied_by_what_answered_them() -> None:
-    def ok(path: Path) -> InferenceResult:
+    def ok(path: AnswerPath) -> InferenceResult:
         return InferenceResult(id="x", status="ok", output="y", path=path)
 
     shed = InferenceResult.failure("x", RateLimited("bulk paused", retry_after_ms=500))
     due = [HotQuestion(k, 3, "{}") for k in "abcde"]
     report = PrewarmReport(day="20261203")
-    results = [ok(Path.LIGHT), ok(Path.HEAVY), ok(Path.RULES), shed, TimeoutError()]
+    results = [
+        ok(AnswerPath.LIGHT),
+        ok(AnswerPath.HEAVY),
+        ok(AnswerPath.RULES),
+        shed,
+        TimeoutError(),
+    ]
     answered = _tally(report, due, results)
     assert [h.key for h in answered] == ["a", "b"]
     assert report.by_rules == 1 and report.failed == {"INF-429": 1, "timeout": 1}

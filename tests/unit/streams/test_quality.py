@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from schemas.messages import Feedback, Path, QualityEvent
+from schemas.messages import AnswerPath, Feedback, QualityEvent
 from schemas.settings import KafkaSettings, RoutingSettings, Settings
 from streams.classify.router import PathStats
 from streams.quality.loop import Answered
@@ -20,13 +20,13 @@ from streams.quality.records import (
 
 
 def test_an_answer_is_remembered_with_its_cache_entry() -> None:
-    answered = Answered(Path.CACHE, "0f3a")
+    answered = Answered(AnswerPath.CACHE, "0f3a")
     assert Answered.from_json(answered.to_json()) == answered
-    assert Answered.from_json(Answered(Path.LIGHT).to_json()) == Answered(Path.LIGHT)
+    assert Answered.from_json(Answered(AnswerPath.LIGHT).to_json()) == Answered(AnswerPath.LIGHT)
 
 
 def test_the_bare_path_kept_before_cache_keys_still_joins() -> None:
-    assert Answered.from_json(b"heavy") == Answered(Path.HEAVY)
+    assert Answered.from_json(b"heavy") == Answered(AnswerPath.HEAVY)
 
 
 def test_unreadable_records_join_nothing() -> None:
@@ -41,7 +41,7 @@ def _event(
     i: int, success: bool = True, latency_ms: float = 100.0, **fields: object
 ) -> QualityEvent:
     return QualityEvent(
-        id=f"r{i}", path=Path.LIGHT, success=success, latency_ms=latency_ms, ts_ms=i, **fields
+        id=f"r{i}", path=AnswerPath.LIGHT, success=success, latency_ms=latency_ms, ts_ms=i, **fields
     )
 
 
@@ -122,7 +122,7 @@ def test_parts_round_trip_and_unknown_fields_are_left_out() -> None:
     older = json.dumps(json.loads(stats.to_json()))  # a record kept before times were
     assert PartStats.from_json(older).ts_ms == [7, 7]
     merged = merge_all({"light@0": part, "light@3": part, "heavy": part, "No pe@1": part}, 50, 0.2)
-    assert list(merged) == [Path.LIGHT] and merged[Path.LIGHT].outcomes == [1, 1, 0, 0]
+    assert list(merged) == [AnswerPath.LIGHT] and merged[AnswerPath.LIGHT].outcomes == [1, 1, 0, 0]
 
 
 def test_merged_feedback_quality_is_one_record_fed_every_verdict() -> None:

@@ -1,6 +1,6 @@
 """Model paths are registry data: a third model is one more registry entry.
 
-The ``Path`` type (any well-formed name, ``cache`` and ``rules`` reserved),
+The ``AnswerPath`` type (any well-formed name, ``cache`` and ``rules`` reserved),
 the registry's derived fallbacks, cheapest and most capable paths, the lane
 workers' default paths, and the router, flow control and executor using
 them for a path the code does not name.
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pickle
 import time
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from schemas.messages import InferenceRequest, InferenceResult, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import BackendSettings, RoutingSettings, Settings
 from streams.classify.features import Complexity
 from streams.classify.flow import apply_level
@@ -43,30 +43,30 @@ models:
 
 
 @pytest.fixture
-def three(tmp_path: FsPath) -> ModelRegistry:
+def three(tmp_path: Path) -> ModelRegistry:
     file = tmp_path / "models.yaml"
     file.write_text(THREE)
     return load_registry(file, BackendSettings())
 
 
 def test_a_path_is_any_well_formed_name_and_shared_per_name() -> None:
-    assert Path("light") is Path.LIGHT and Path("mid") is Path("mid")
-    assert Path("mid") == "mid" and {Path("mid"): 1}["mid"] == 1
-    assert str(Path("mid")) == f"{Path('mid')}" == Path("mid").value == "mid"
-    assert pickle.loads(pickle.dumps(Path("mid"))) is Path("mid")
-    assert Path("mid").is_model and Path.HEAVY.is_model
-    assert not Path.CACHE.is_model and not Path.RULES.is_model
+    assert AnswerPath("light") is AnswerPath.LIGHT and AnswerPath("mid") is AnswerPath("mid")
+    assert AnswerPath("mid") == "mid" and {AnswerPath("mid"): 1}["mid"] == 1
+    assert str(AnswerPath("mid")) == f"{Path('mid')}" == AnswerPath("mid").value == "mid"
+    assert pickle.loads(pickle.dumps(AnswerPath("mid"))) is AnswerPath("mid")
+    assert AnswerPath("mid").is_model and AnswerPath.HEAVY.is_model
+    assert not AnswerPath.CACHE.is_model and not AnswerPath.RULES.is_model
     for bad in ("", "Mid", "mid model", "9th", "x" * 33, "mid\n"):
         with pytest.raises(ValueError, match="not a path name"):
-            Path(bad)
-    assert Path.names_model("mid") and not Path.names_model("rules")
-    assert not Path.names_model("No pe") and not Path.names_model(None)
+            AnswerPath(bad)
+    assert AnswerPath.names_model("mid") and not AnswerPath.names_model("rules")
+    assert not AnswerPath.names_model("No pe") and not AnswerPath.names_model(None)
 
 
 def test_a_result_on_a_registry_path_round_trips_on_the_wire() -> None:
     result = InferenceResult(id="r", status="ok", output="x", path="mid", requested_path="heavy")
     again = InferenceResult.model_validate_json(result.model_dump_json())
-    assert again == result and again.path is Path("mid")
+    assert again == result and again.path is AnswerPath("mid")
     assert '"path":"mid"' in result.model_dump_json()
     with pytest.raises(ValidationError):
         InferenceResult(id="r", status="ok", path="Mid Path")
@@ -82,13 +82,16 @@ def test_cache_and_rules_are_not_registry_paths() -> None:
 
 def test_fallbacks_are_derived_nearest_capability_first(three: ModelRegistry) -> None:
     builtin = builtin_registry(BackendSettings())
-    assert builtin.fallbacks(Path.LIGHT) == (Path.HEAVY,)
-    assert builtin.fallbacks(Path.HEAVY) == (Path.LIGHT,)
-    assert three.model_paths == (Path.LIGHT, Path("mid"), Path.HEAVY)
-    assert three.fallbacks(Path.LIGHT) == (Path("mid"), Path.HEAVY)
-    assert three.fallbacks(Path("mid")) == (Path.HEAVY, Path.LIGHT)  # a tie: the more capable
-    assert three.fallbacks(Path.HEAVY) == (Path("mid"), Path.LIGHT)
-    assert three.fallbacks(Path("nowhere")) == ()
+    assert builtin.fallbacks(AnswerPath.LIGHT) == (AnswerPath.HEAVY,)
+    assert builtin.fallbacks(AnswerPath.HEAVY) == (AnswerPath.LIGHT,)
+    assert three.model_paths == (AnswerPath.LIGHT, AnswerPath("mid"), AnswerPath.HEAVY)
+    assert three.fallbacks(AnswerPath.LIGHT) == (AnswerPath("mid"), AnswerPath.HEAVY)
+    assert three.fallbacks(AnswerPath("mid")) == (
+        AnswerPath.HEAVY,
+        AnswerPath.LIGHT,
+    )  # a tie: the more capable
+    assert three.fallbacks(AnswerPath.HEAVY) == (AnswerPath("mid"), AnswerPath.LIGHT)
+    assert three.fallbacks(AnswerPath("nowhere")) == ()
 
 
 def test_a_fallback_may_be_given_and_must_name_another_path() -> None:
@@ -97,7 +100,9 @@ def test_a_fallback_may_be_given_and_must_name_another_path() -> None:
         {"name": "b", "backend": "llamacpp", "path": "heavy", "fallback": ["light"]},
     ]
     registry = ModelRegistry.model_validate({"models": entries})
-    assert registry.fallbacks(Path.LIGHT) == () and registry.fallbacks(Path.HEAVY) == (Path.LIGHT,)
+    assert registry.fallbacks(AnswerPath.LIGHT) == () and registry.fallbacks(AnswerPath.HEAVY) == (
+        AnswerPath.LIGHT,
+    )
     entries[1]["fallback"] = ["mid"]
     with pytest.raises(ValidationError, match=r"fallback \['mid'\] is not another path"):
         ModelRegistry.model_validate({"models": entries})
@@ -106,24 +111,28 @@ def test_a_fallback_may_be_given_and_must_name_another_path() -> None:
 def test_lane_workers_default_to_the_registry_paths(three: ModelRegistry) -> None:
     settings = Settings()
     builtin = builtin_registry(settings.backend)
-    assert worker_paths(settings, Lane.REALTIME, builtin) == (Path.LIGHT,)
-    assert worker_paths(settings, Lane.MEDIUM, builtin) == (Path.LIGHT, Path.HEAVY)
-    assert worker_paths(settings, Lane.BULK, builtin) == (Path.HEAVY,)
+    assert worker_paths(settings, Lane.REALTIME, builtin) == (AnswerPath.LIGHT,)
+    assert worker_paths(settings, Lane.MEDIUM, builtin) == (AnswerPath.LIGHT, AnswerPath.HEAVY)
+    assert worker_paths(settings, Lane.BULK, builtin) == (AnswerPath.HEAVY,)
     # A third entry is served by the medium workers without another setting.
-    assert worker_paths(settings, Lane.MEDIUM, three) == (Path.LIGHT, Path("mid"), Path.HEAVY)
-    assert three.cheapest(Lane.REALTIME) == Path.LIGHT
-    assert three.most_capable(Lane.BULK) == Path.HEAVY
+    assert worker_paths(settings, Lane.MEDIUM, three) == (
+        AnswerPath.LIGHT,
+        AnswerPath("mid"),
+        AnswerPath.HEAVY,
+    )
+    assert three.cheapest(Lane.REALTIME) == AnswerPath.LIGHT
+    assert three.most_capable(Lane.BULK) == AnswerPath.HEAVY
 
 
 def test_lane_paths_and_the_forced_path_must_be_registry_paths(
     three: ModelRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LANEWAY_BULK_PATHS", '["mid"]')
-    assert worker_paths(Settings(), Lane.BULK, three) == (Path("mid"),)
+    assert worker_paths(Settings(), Lane.BULK, three) == (AnswerPath("mid"),)
     with pytest.raises(RegistryError, match=r"\['mid'\], which the model registry does not name"):
         worker_paths(Settings(), Lane.BULK, builtin_registry(BackendSettings()))
     monkeypatch.setenv("LANEWAY_ROUTING_FORCE_PATH", "heavy")
-    assert worker_paths(Settings(), Lane.BULK, three) == (Path.HEAVY,)
+    assert worker_paths(Settings(), Lane.BULK, three) == (AnswerPath.HEAVY,)
     monkeypatch.setenv("LANEWAY_BULK_PATHS", '["Mid"]')
     with pytest.raises(ValidationError):
         Settings()
@@ -131,30 +140,32 @@ def test_lane_paths_and_the_forced_path_must_be_registry_paths(
 
 def test_the_router_sends_moderate_work_to_the_third_path(three: ModelRegistry) -> None:
     router = SmartRouter(three, RoutingSettings(exploration=0.0))
-    assert router.choose(Complexity.SIMPLE, Lane.MEDIUM, {}).path == Path.LIGHT
-    assert router.choose(Complexity.MODERATE, Lane.MEDIUM, {}).path == Path("mid")
-    assert router.choose(Complexity.COMPLEX, Lane.MEDIUM, {}).path == Path.HEAVY
+    assert router.choose(Complexity.SIMPLE, Lane.MEDIUM, {}).path == AnswerPath.LIGHT
+    assert router.choose(Complexity.MODERATE, Lane.MEDIUM, {}).path == AnswerPath("mid")
+    assert router.choose(Complexity.COMPLEX, Lane.MEDIUM, {}).path == AnswerPath.HEAVY
     # Not served on the lane: the lane's served paths compete instead.
-    served = {Path.LIGHT, Path.HEAVY}
-    assert router.choose(Complexity.MODERATE, Lane.MEDIUM, {}, served).path == Path.HEAVY
+    served = {AnswerPath.LIGHT, AnswerPath.HEAVY}
+    assert router.choose(Complexity.MODERATE, Lane.MEDIUM, {}, served).path == AnswerPath.HEAVY
 
 
-def decision(path: Path, complexity: Complexity = Complexity.MODERATE) -> Decision:
+def decision(path: AnswerPath, complexity: Complexity = Complexity.MODERATE) -> Decision:
     return Decision(Lane.MEDIUM, path, complexity)
 
 
 def test_under_load_dearer_paths_move_to_the_cheapest(three: ModelRegistry) -> None:
     cheapest = three.cheapest(Lane.MEDIUM)
-    for dearer in (Path("mid"), Path.HEAVY):
+    for dearer in (AnswerPath("mid"), AnswerPath.HEAVY):
         moved = apply_level(decision(dearer), 1, 1000, cheapest=cheapest)
         assert isinstance(moved, Decision)
-        assert moved.path == Path.LIGHT and moved.requested_path == dearer
-    kept = apply_level(decision(Path("mid"), Complexity.COMPLEX), 1, 1000, cheapest=cheapest)
-    assert isinstance(kept, Decision) and kept.path == Path("mid")  # complex stays at level 1
-    assert apply_level(decision(Path("mid")), 0, 1000, cheapest=cheapest) == decision(Path("mid"))
+        assert moved.path == AnswerPath.LIGHT and moved.requested_path == dearer
+    kept = apply_level(decision(AnswerPath("mid"), Complexity.COMPLEX), 1, 1000, cheapest=cheapest)
+    assert isinstance(kept, Decision) and kept.path == AnswerPath("mid")  # complex stays at level 1
+    assert apply_level(decision(AnswerPath("mid")), 0, 1000, cheapest=cheapest) == decision(
+        AnswerPath("mid")
+    )
 
 
-def routed(path: Path) -> RoutedRequest:
+def routed(path: AnswerPath) -> RoutedRequest:
     now = int(time.time() * 1000)
     return RoutedRequest(
         request=InferenceRequest(id="r", prompt="ping"),
@@ -171,19 +182,21 @@ async def test_a_failing_third_path_falls_back_as_the_registry_says(
 ) -> None:
     mid = Exploding(RuntimeError("connection refused"))
     slots = {
-        Path("mid"): slot_of(mid),
-        Path.HEAVY: slot_of(Named("gemma")),
-        Path.RULES: rules_slot(),
+        AnswerPath("mid"): slot_of(mid),
+        AnswerPath.HEAVY: slot_of(Named("gemma")),
+        AnswerPath.RULES: rules_slot(),
     }
     fallbacks = {path: three.fallbacks(path) for path in three.model_paths}
     executor = Executor(Lane.MEDIUM, slots, fallbacks=fallbacks)
-    (done,) = await executor.execute([routed(Path("mid"))])
+    (done,) = await executor.execute([routed(AnswerPath("mid"))])
     result = done.result
-    assert result.status == "ok" and result.path == Path.HEAVY and result.degraded
-    assert result.requested_path == Path("mid") and len(mid.seen) == 1
+    assert result.status == "ok" and result.path == AnswerPath.HEAVY and result.degraded
+    assert result.requested_path == AnswerPath("mid") and len(mid.seen) == 1
     # Given no fallback, nothing else is tried.
-    alone = Executor(Lane.MEDIUM, {Path("mid"): slot_of(mid)}, fallbacks={Path("mid"): ()})
-    (done,) = await alone.execute([routed(Path("mid"))])
+    alone = Executor(
+        Lane.MEDIUM, {AnswerPath("mid"): slot_of(mid)}, fallbacks={AnswerPath("mid"): ()}
+    )
+    (done,) = await alone.execute([routed(AnswerPath("mid"))])
     assert done.result.error is not None and done.result.error.code == "INF-502"
 
 
@@ -191,7 +204,7 @@ def test_backend_slots_load_every_registry_path_and_refuse_unknown_ones(
     three: ModelRegistry,
 ) -> None:
     slots = backend_slots(BackendSettings(), None, three)
-    assert list(slots) == [Path.LIGHT, Path("mid"), Path.HEAVY, Path.RULES]
-    assert slots[Path("mid")].label == "mid=llamacpp:qwen-0.5b@1"
+    assert list(slots) == [AnswerPath.LIGHT, AnswerPath("mid"), AnswerPath.HEAVY, AnswerPath.RULES]
+    assert slots[AnswerPath("mid")].label == "mid=llamacpp:qwen-0.5b@1"
     with pytest.raises(ValueError, match="no model path nowhere in the registry"):
-        backend_slots(BackendSettings(), [Path("nowhere")], three)
+        backend_slots(BackendSettings(), [AnswerPath("nowhere")], three)

@@ -3,15 +3,15 @@ over it, stable version assignment, and the rollback decision."""
 
 from __future__ import annotations
 
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import pytest
 
 from schemas.messages import (
+    AnswerPath,
     InferenceRequest,
     InferenceResult,
     Lane,
-    Path,
     QualityEvent,
     RoutedRequest,
 )
@@ -51,7 +51,7 @@ def test_the_builtin_registry_keeps_todays_two_models_as_active_versions() -> No
     ]
 
 
-def test_a_file_without_states_loads_as_before(tmp_path: FsPath) -> None:
+def test_a_file_without_states_loads_as_before(tmp_path: Path) -> None:
     path = tmp_path / "models.yaml"
     path.write_text(
         "models:\n"
@@ -61,9 +61,12 @@ def test_a_file_without_states_loads_as_before(tmp_path: FsPath) -> None:
         " path: heavy}\n"
     )
     loaded = load_registry(path, BackendSettings())
-    assert loaded.for_path(Path.HEAVY) is not None and loaded.for_path(Path.HEAVY).name == "big"
-    assert [m.version for m in loaded.versions(Path.HEAVY)] == ["1", "2"]
-    assert loaded.version(Path.HEAVY, "2").traffic_share == 0.1  # type: ignore[union-attr]
+    assert (
+        loaded.for_path(AnswerPath.HEAVY) is not None
+        and loaded.for_path(AnswerPath.HEAVY).name == "big"
+    )
+    assert [m.version for m in loaded.versions(AnswerPath.HEAVY)] == ["1", "2"]
+    assert loaded.version(AnswerPath.HEAVY, "2").traffic_share == 0.1  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -74,7 +77,7 @@ def test_a_file_without_states_loads_as_before(tmp_path: FsPath) -> None:
     ],
 )
 def test_the_registry_refuses_duplicate_versions_and_two_actives(
-    tmp_path: FsPath, extra: dict[str, object], message: str
+    tmp_path: Path, extra: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
         registry(extra)
@@ -89,13 +92,13 @@ def test_a_shadow_gets_all_by_default_and_a_canary_nothing() -> None:
         {"name": "s", "version": "s", "state": "shadow"},
         {"name": "c", "version": "c", "state": "canary"},
     )
-    assert reg.version(Path.HEAVY, "s").traffic_share == 1.0  # type: ignore[union-attr]
-    assert reg.version(Path.HEAVY, "c").traffic_share == 0.0  # type: ignore[union-attr]
+    assert reg.version(AnswerPath.HEAVY, "s").traffic_share == 1.0  # type: ignore[union-attr]
+    assert reg.version(AnswerPath.HEAVY, "c").traffic_share == 0.0  # type: ignore[union-attr]
 
 
 def test_ten_thousand_keys_at_share_one_tenth_give_a_tenth() -> None:
     reg = registry({"name": "smol", "version": "smol", "state": "canary", "share": 0.1})
-    versions = reg.versions(Path.HEAVY)
+    versions = reg.versions(AnswerPath.HEAVY)
     picked = [pick_version(versions, f"session:{i}") for i in range(10_000)]
     assert 0.09 <= picked.count("smol") / 10_000 <= 0.11
     assert set(picked) == {"smol", "q4_k_m"}
@@ -105,9 +108,11 @@ def test_assignment_is_stable_and_raising_a_share_moves_no_canary_key_back() -> 
     low = registry({"name": "smol", "version": "smol", "state": "canary", "share": 0.1})
     high = registry({"name": "smol", "version": "smol", "state": "canary", "share": 0.3})
     keys = [f"session:s-{i}" for i in range(2_000)]
-    first = [pick_version(low.versions(Path.HEAVY), k) for k in keys]
-    assert first == [pick_version(low.versions(Path.HEAVY), k) for k in keys]  # a pure function
-    raised = [pick_version(high.versions(Path.HEAVY), k) for k in keys]
+    first = [pick_version(low.versions(AnswerPath.HEAVY), k) for k in keys]
+    assert first == [
+        pick_version(low.versions(AnswerPath.HEAVY), k) for k in keys
+    ]  # a pure function
+    raised = [pick_version(high.versions(AnswerPath.HEAVY), k) for k in keys]
     assert all(r == "smol" for f, r in zip(first, raised, strict=True) if f == "smol")
     assert 0.27 <= raised.count("smol") / len(keys) <= 0.33
 
@@ -124,47 +129,51 @@ def test_a_conversation_keeps_its_version_and_the_key_falls_back_to_the_id() -> 
 def test_only_versions_a_live_worker_serves_get_traffic() -> None:
     reg = registry({"name": "smol", "version": "smol", "state": "canary", "share": 1.0})
     request = InferenceRequest(id="a", prompt="x")
-    nobody = RolloutView(reg, {Lane.BULK: frozenset({(Path.HEAVY, "q4_k_m")})})
-    assert nobody.version_for(request, Path.HEAVY, Lane.BULK) == "q4_k_m"
-    served = RolloutView(reg, {Lane.BULK: frozenset({(Path.HEAVY, "smol")})})
-    assert served.version_for(request, Path.HEAVY, Lane.BULK) == "smol"
-    assert RolloutView(reg).version_for(request, Path.HEAVY, Lane.BULK) == "smol"  # not known
-    assert served.version_for(request, Path.RULES, Lane.BULK) is None
+    nobody = RolloutView(reg, {Lane.BULK: frozenset({(AnswerPath.HEAVY, "q4_k_m")})})
+    assert nobody.version_for(request, AnswerPath.HEAVY, Lane.BULK) == "q4_k_m"
+    served = RolloutView(reg, {Lane.BULK: frozenset({(AnswerPath.HEAVY, "smol")})})
+    assert served.version_for(request, AnswerPath.HEAVY, Lane.BULK) == "smol"
+    assert RolloutView(reg).version_for(request, AnswerPath.HEAVY, Lane.BULK) == "smol"  # not known
+    assert served.version_for(request, AnswerPath.RULES, Lane.BULK) is None
 
 
 def test_shadow_copies_are_sampled_and_ride_the_lowest_lane_serving_them() -> None:
     reg = registry({"name": "smol", "version": "smol", "state": "shadow", "share": 0.25})
-    sampled = [pick_shadows(reg.versions(Path.HEAVY), f"id:{i}") for i in range(4_000)]
+    sampled = [pick_shadows(reg.versions(AnswerPath.HEAVY), f"id:{i}") for i in range(4_000)]
     assert 0.22 <= sum(1 for s in sampled if s) / 4_000 <= 0.28
     everyone = registry({"name": "smol", "version": "smol", "state": "shadow"})
     request = InferenceRequest(id="a", prompt="x")
-    both = {lane: frozenset({(Path.HEAVY, "smol")}) for lane in (Lane.MEDIUM, Lane.BULK)}
-    assert RolloutView(everyone, both).shadows_for(request, Path.HEAVY) == [("smol", Lane.BULK)]
-    realtime_only = {Lane.REALTIME: frozenset({(Path.HEAVY, "smol")})}
-    assert RolloutView(everyone, realtime_only).shadows_for(request, Path.HEAVY) == []
+    both = {lane: frozenset({(AnswerPath.HEAVY, "smol")}) for lane in (Lane.MEDIUM, Lane.BULK)}
+    assert RolloutView(everyone, both).shadows_for(request, AnswerPath.HEAVY) == [
+        ("smol", Lane.BULK)
+    ]
+    realtime_only = {Lane.REALTIME: frozenset({(AnswerPath.HEAVY, "smol")})}
+    assert RolloutView(everyone, realtime_only).shadows_for(request, AnswerPath.HEAVY) == []
 
 
 def test_the_live_state_overrides_the_file_and_a_broken_one_is_ignored() -> None:
     reg = registry({"name": "smol", "version": "smol", "state": "canary"})
-    live = apply(reg, {(Path.HEAVY, "smol"): VersionRollout("canary", 0.5)})
-    assert live.version(Path.HEAVY, "smol").traffic_share == 0.5  # type: ignore[union-attr]
-    two_actives = apply(reg, {(Path.HEAVY, "smol"): VersionRollout("active")})
-    assert two_actives.version(Path.HEAVY, "smol").state == "canary"  # type: ignore[union-attr]
-    unknown = apply(reg, {(Path.HEAVY, "nope"): VersionRollout("active")})
-    assert unknown.for_path(Path.HEAVY).version == "q4_k_m"  # type: ignore[union-attr]
+    live = apply(reg, {(AnswerPath.HEAVY, "smol"): VersionRollout("canary", 0.5)})
+    assert live.version(AnswerPath.HEAVY, "smol").traffic_share == 0.5  # type: ignore[union-attr]
+    two_actives = apply(reg, {(AnswerPath.HEAVY, "smol"): VersionRollout("active")})
+    assert two_actives.version(AnswerPath.HEAVY, "smol").state == "canary"  # type: ignore[union-attr]
+    unknown = apply(reg, {(AnswerPath.HEAVY, "nope"): VersionRollout("active")})
+    assert unknown.for_path(AnswerPath.HEAVY).version == "q4_k_m"  # type: ignore[union-attr]
 
 
 def test_cli_operations_and_their_errors() -> None:
     reg = registry({"name": "smol", "version": "smol", "state": "canary"})
     changes = canary(reg, "heavy", "smol", 0.1, now_ms=5)
-    assert changes == {(Path.HEAVY, "smol"): VersionRollout("canary", 0.1, 5)}
+    assert changes == {(AnswerPath.HEAVY, "smol"): VersionRollout("canary", 0.1, 5)}
     live = apply(reg, changes)
     drained = rollback(live, "heavy", now_ms=6)
-    assert drained[(Path.HEAVY, "smol")].share == 0.0
+    assert drained[(AnswerPath.HEAVY, "smol")].share == 0.0
     promoted = apply(live, promote(live, "heavy", "smol", now_ms=7))
-    assert promoted.for_path(Path.HEAVY).version == "smol"  # type: ignore[union-attr]
-    assert promoted.version(Path.HEAVY, "q4_k_m").state == "retired"  # type: ignore[union-attr]
-    assert shadow(reg, "heavy", "smol", None, now_ms=8)[(Path.HEAVY, "smol")].state == "shadow"
+    assert promoted.for_path(AnswerPath.HEAVY).version == "smol"  # type: ignore[union-attr]
+    assert promoted.version(AnswerPath.HEAVY, "q4_k_m").state == "retired"  # type: ignore[union-attr]
+    assert (
+        shadow(reg, "heavy", "smol", None, now_ms=8)[(AnswerPath.HEAVY, "smol")].state == "shadow"
+    )
     with pytest.raises(RolloutError, match=r"unknown path 'medium'"):
         canary(reg, "medium", "smol", 0.1, now_ms=0)
     with pytest.raises(RolloutError, match=r"no version 'v9': it has \['q4_k_m', 'smol'\]"):
@@ -231,13 +240,13 @@ def test_version_records_merge_per_version_and_count_from_the_share_change() -> 
         part = PartStats(PathStats(latency_ms=100.0))
         for ts in (10, 20, 30):
             part.fold(event(ts != 30, ts_ms=ts, version="smol"), SETTINGS)
-        parts[version_field(Path.HEAVY, "smol", partition)] = part
+        parts[version_field(AnswerPath.HEAVY, "smol", partition)] = part
     parts["heavy@0"] = PartStats(PathStats(latency_ms=1.0))  # the path's own: not a version
     merged = merge_versions(parts, 50, 0.2)
-    assert list(merged) == [(Path.HEAVY, "smol")]
-    assert merged[(Path.HEAVY, "smol")].outcomes == [1, 1, 1, 1, 0, 0]
+    assert list(merged) == [(AnswerPath.HEAVY, "smol")]
+    assert merged[(AnswerPath.HEAVY, "smol")].outcomes == [1, 1, 1, 1, 0, 0]
     recent = merge_versions(parts, 50, 0.2, since=lambda path, version: 25)
-    assert recent[(Path.HEAVY, "smol")].outcomes == [0, 0]
+    assert recent[(AnswerPath.HEAVY, "smol")].outcomes == [0, 0]
 
 
 def result(
@@ -303,7 +312,7 @@ def test_the_classifier_names_the_version_and_adds_shadow_copies_at_level_0() ->
         {"name": "smol", "version": "smol", "state": "canary", "share": 1.0},
         {"name": "gem2", "version": "gem2", "state": "shadow"},
     )
-    served = {Lane.BULK: frozenset({(Path.HEAVY, "smol"), (Path.HEAVY, "gem2")})}
+    served = {Lane.BULK: frozenset({(AnswerPath.HEAVY, "smol"), (AnswerPath.HEAVY, "gem2")})}
     view = RolloutView(reg, served)
     value = json.dumps({"id": "r-1", "prompt": "Explain why the sky is blue.", "lane": "bulk"})
     record = SourceRecord(value.encode(), b"r-1", 1_000, "laneway.requests", 0, 1)

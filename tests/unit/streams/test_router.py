@@ -1,9 +1,9 @@
 import random
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import pytest
 
-from schemas.messages import Lane, Path, QualityEvent
+from schemas.messages import AnswerPath, Lane, QualityEvent
 from schemas.settings import BackendSettings, RoutingSettings, Settings
 from streams.classify.features import Complexity
 from streams.classify.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
@@ -14,7 +14,7 @@ REGISTRY = builtin_registry(BackendSettings())
 SETTINGS = Settings()
 
 
-def event(path: Path, ok: bool, latency_ms: float = 500.0, **kw: object) -> QualityEvent:
+def event(path: AnswerPath, ok: bool, latency_ms: float = 500.0, **kw: object) -> QualityEvent:
     return QualityEvent.model_validate(
         {
             "id": "r",
@@ -40,23 +40,23 @@ def test_ewma() -> None:
 def test_stats_fold_latency_and_window() -> None:
     stats = None
     for latency in (100.0, 300.0):
-        stats = fold(stats, event(Path.LIGHT, True, latency), SETTINGS)
+        stats = fold(stats, event(AnswerPath.LIGHT, True, latency), SETTINGS)
     assert stats is not None
     assert stats.latency_ms == pytest.approx(ewma(100.0, 300.0, SETTINGS.routing.ewma_alpha))
     for _ in range(SETTINGS.routing.success_window):
-        fold(stats, event(Path.LIGHT, False), SETTINGS)
+        fold(stats, event(AnswerPath.LIGHT, False), SETTINGS)
     assert stats.success_rate == 0.0 and len(stats.outcomes) == SETTINGS.routing.success_window
 
 
 def test_client_errors_say_nothing_about_a_path() -> None:
-    stats = fold(None, event(Path.LIGHT, True), SETTINGS)
-    fold(stats, event(Path.LIGHT, False, error_code="INF-429"), SETTINGS)
+    stats = fold(None, event(AnswerPath.LIGHT, True), SETTINGS)
+    fold(stats, event(AnswerPath.LIGHT, False, error_code="INF-429"), SETTINGS)
     assert stats.success_rate == 1.0 and stats.n == 2
 
 
 def test_feedback_lowers_quality() -> None:
-    stats = fold(None, event(Path.LIGHT, True), SETTINGS)
-    fold(stats, event(Path.LIGHT, False, kind="feedback", feedback=-1.0), SETTINGS)
+    stats = fold(None, event(AnswerPath.LIGHT, True), SETTINGS)
+    fold(stats, event(AnswerPath.LIGHT, False, kind="feedback", feedback=-1.0), SETTINGS)
     assert stats.quality == pytest.approx(1 - SETTINGS.routing.feedback_weight)
     assert stats.success_rate == 1.0  # feedback is not an outcome
 
@@ -69,36 +69,39 @@ def test_stats_json_round_trip() -> None:
 def test_score_formula() -> None:
     routing = RoutingSettings(w_lat=0.4, w_cost=0.3, w_fail=0.3)
     stats = {
-        Path.LIGHT: PathStats(latency_ms=500.0, outcomes=[1, 1, 0, 0]),
-        Path.HEAVY: PathStats(latency_ms=1000.0, outcomes=[1, 1, 1, 1]),
+        AnswerPath.LIGHT: PathStats(latency_ms=500.0, outcomes=[1, 1, 0, 0]),
+        AnswerPath.HEAVY: PathStats(latency_ms=1000.0, outcomes=[1, 1, 1, 1]),
     }
     scores = score_paths(REGISTRY.models, stats, routing)
     # light: 0.4*0.5 + 0.3*0.2 + 0.3*0.5; heavy: 0.4*1 + 0.3*1 + 0
-    assert scores[Path.LIGHT] == pytest.approx(0.2 + 0.06 + 0.15)
-    assert scores[Path.HEAVY] == pytest.approx(0.7)
+    assert scores[AnswerPath.LIGHT] == pytest.approx(0.2 + 0.06 + 0.15)
+    assert scores[AnswerPath.HEAVY] == pytest.approx(0.7)
 
 
 def test_only_capable_models_are_eligible() -> None:
     router = SmartRouter(REGISTRY, RoutingSettings(exploration=0.0))
-    assert router.choose(Complexity.COMPLEX, Lane.MEDIUM, {}).path is Path.HEAVY
-    assert router.choose(Complexity.MODERATE, Lane.MEDIUM, {}).path is Path.HEAVY
-    assert router.choose(Complexity.SIMPLE, Lane.REALTIME, {}).path is Path.LIGHT
+    assert router.choose(Complexity.COMPLEX, Lane.MEDIUM, {}).path is AnswerPath.HEAVY
+    assert router.choose(Complexity.MODERATE, Lane.MEDIUM, {}).path is AnswerPath.HEAVY
+    assert router.choose(Complexity.SIMPLE, Lane.REALTIME, {}).path is AnswerPath.LIGHT
 
 
 def test_only_paths_a_live_worker_serves_are_chosen() -> None:
     router = SmartRouter(REGISTRY, RoutingSettings(exploration=1.0), random.Random(1))
     # Exploration at 1.0 would pick the other path every time, if it could.
     for _ in range(20):
-        choice = router.choose(Complexity.SIMPLE, Lane.REALTIME, {}, served={Path.LIGHT})
-        assert choice.path is Path.LIGHT and not choice.explored
+        choice = router.choose(Complexity.SIMPLE, Lane.REALTIME, {}, served={AnswerPath.LIGHT})
+        assert choice.path is AnswerPath.LIGHT and not choice.explored
     # Only heavy can answer a complex request; where only light is served,
     # light answers it rather than leaving it to a lane nobody consumes for heavy.
-    only_light = router.choose(Complexity.COMPLEX, Lane.REALTIME, {}, served={Path.LIGHT})
-    assert only_light.path is Path.LIGHT
-    assert router.choose(Complexity.COMPLEX, Lane.BULK, {}, served={Path.HEAVY}).path is Path.HEAVY
+    only_light = router.choose(Complexity.COMPLEX, Lane.REALTIME, {}, served={AnswerPath.LIGHT})
+    assert only_light.path is AnswerPath.LIGHT
+    assert (
+        router.choose(Complexity.COMPLEX, Lane.BULK, {}, served={AnswerPath.HEAVY}).path
+        is AnswerPath.HEAVY
+    )
     # Not known (no board, or no live worker yet): every eligible path counts.
     explored = {router.choose(Complexity.SIMPLE, Lane.MEDIUM, {}).path for _ in range(20)}
-    assert explored == {Path.HEAVY}, "exploration leaves the best path for the other one"
+    assert explored == {AnswerPath.HEAVY}, "exploration leaves the best path for the other one"
 
 
 def test_the_policy_reads_the_lanes_served_paths() -> None:
@@ -108,41 +111,43 @@ def test_the_policy_reads_the_lanes_served_paths() -> None:
     router = SmartRouter(REGISTRY, RoutingSettings(exploration=0.0))
     request = InferenceRequest(id="r", prompt="Hi", lane=Lane.BULK)
     simple = decide(request, Found(), SETTINGS.routing, router, {})
-    assert (simple.lane, simple.path) == (Lane.BULK, Path.LIGHT)
-    served = decide(request, Found(), SETTINGS.routing, router, {}, {Lane.BULK: {Path.HEAVY}})
-    assert (served.lane, served.path) == (Lane.BULK, Path.HEAVY)
+    assert (simple.lane, simple.path) == (Lane.BULK, AnswerPath.LIGHT)
+    served = decide(request, Found(), SETTINGS.routing, router, {}, {Lane.BULK: {AnswerPath.HEAVY}})
+    assert (served.lane, served.path) == (Lane.BULK, AnswerPath.HEAVY)
     # A board that knows no worker on the lane does not stop routing.
-    nobody = decide(request, Found(), SETTINGS.routing, router, {}, {Lane.REALTIME: {Path.LIGHT}})
-    assert nobody.path is Path.LIGHT
+    nobody = decide(
+        request, Found(), SETTINGS.routing, router, {}, {Lane.REALTIME: {AnswerPath.LIGHT}}
+    )
+    assert nobody.path is AnswerPath.LIGHT
 
 
 def test_a_failing_path_loses_traffic_and_wins_it_back_through_exploration() -> None:
     routing = RoutingSettings(exploration=0.1)
     router = SmartRouter(REGISTRY, routing, random.Random(7))
-    stats: dict[Path, PathStats] = {}
+    stats: dict[AnswerPath, PathStats] = {}
 
     def serve(n: int, light_ok: bool) -> int:
         """Route n simple requests, feeding each outcome back; light's share."""
         on_light = 0
         for _ in range(n):
             choice = router.choose(Complexity.SIMPLE, Lane.REALTIME, stats)
-            ok = light_ok if choice.path is Path.LIGHT else True
-            latency = 400.0 if choice.path is Path.LIGHT else 1500.0
+            ok = light_ok if choice.path is AnswerPath.LIGHT else True
+            latency = 400.0 if choice.path is AnswerPath.LIGHT else 1500.0
             stats[choice.path] = fold(
                 stats.get(choice.path), event(choice.path, ok, latency), SETTINGS
             )
-            on_light += choice.path is Path.LIGHT
+            on_light += choice.path is AnswerPath.LIGHT
         return on_light
 
     assert serve(200, light_ok=True) > 160  # healthy: light is cheaper and faster
     assert serve(200, light_ok=False) < 60  # failing: traffic moves to heavy
-    assert stats[Path.LIGHT].success_rate < 0.5
+    assert stats[AnswerPath.LIGHT].success_rate < 0.5
     # Recovered: exploration keeps sampling light, its record heals, it wins again.
     serve(400, light_ok=True)
     assert serve(200, light_ok=True) > 160
 
 
-def test_registry_file(tmp_path: FsPath) -> None:
+def test_registry_file(tmp_path: Path) -> None:
     path = tmp_path / "models.yaml"
     path.write_text(
         "models:\n"
@@ -186,7 +191,7 @@ def test_a_lane_whose_traffic_stopped_has_no_p95() -> None:
 def test_a_lanes_capacity_counts_the_live_workers_that_serve_a_model() -> None:
     from streams.stores.workerboard import PathCard, WorkerCard, lane_capacity
 
-    light = (PathCard(Path.LIGHT, "llamacpp", "smollm2", "cpu"),)
+    light = (PathCard(AnswerPath.LIGHT, "llamacpp", "smollm2", "cpu"),)
     cards = [
         WorkerCard("rt-1", Lane.REALTIME, light, 4),
         WorkerCard("rt-2", Lane.REALTIME, light, 4),

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import pytest
 
-from schemas.messages import InferenceRequest, Path, QualityEvent, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, QualityEvent, RoutedRequest
 from schemas.settings import RolloutSettings, RoutingSettings, Settings
 from streams.classify.classifier import Admitted, SourceRecord, admit, route
 from streams.classify.policy import Found
@@ -62,13 +62,13 @@ def artifact(version: str, intercept: float) -> RouterArtifact:
 
 
 @pytest.fixture
-def router_dir(tmp_path: FsPath) -> FsPath:
+def router_dir(tmp_path: Path) -> Path:
     save_artifact(artifact("lr-heavy", -8.0), tmp_path / "heavy.json")
     save_artifact(artifact("lr-light", 8.0), tmp_path / "light.json")
     return tmp_path
 
 
-def settings_with(router_dir: FsPath, **routing: object) -> Settings:
+def settings_with(router_dir: Path, **routing: object) -> Settings:
     return Settings(
         routing=RoutingSettings(exploration=0.0, learned_router_dir=router_dir, **routing)  # type: ignore[arg-type]
     )
@@ -117,7 +117,7 @@ def test_router_assignment_is_independent_of_model_assignment() -> None:
     registry = apply(file, canary(file, "heavy", "2", 0.5, now_ms=NOW))
     routers = versions(lr=("canary", 0.5))
     keys = [f"session:s{i}" for i in range(4000)]
-    model_canary = [k for k in keys if pick_version(registry.versions(Path.HEAVY), k) == "2"]
+    model_canary = [k for k in keys if pick_version(registry.versions(AnswerPath.HEAVY), k) == "2"]
     both = sum(pick_router(routers, k) == "lr" for k in model_canary)
     assert 0.4 < len(model_canary) / len(keys) < 0.6
     assert 0.43 < both / len(model_canary) < 0.57  # about half, not all or none
@@ -153,7 +153,7 @@ def test_overrides_that_leave_no_single_active_router_leave_the_defaults() -> No
 
 
 def test_the_catalog_lists_rule_and_every_artifact_and_fails_open_on_a_bad_one(
-    router_dir: FsPath, caplog: pytest.LogCaptureFixture
+    router_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     (router_dir / "broken.json").write_text("{not json")
     catalog = RouterCatalog(RoutingSettings(learned_router_dir=router_dir))
@@ -173,7 +173,7 @@ def test_the_catalog_lists_rule_and_every_artifact_and_fails_open_on_a_bad_one(
     assert "lr-3" in [v.version for v in catalog.scan()]
 
 
-def test_the_single_artifact_setting_is_the_active_router_version(router_dir: FsPath) -> None:
+def test_the_single_artifact_setting_is_the_active_router_version(router_dir: Path) -> None:
     routing = RoutingSettings(learned_router=router_dir / "heavy.json")
     catalog = RouterCatalog(routing)
     assert [(v.version, v.state) for v in catalog.scan()] == [
@@ -193,12 +193,12 @@ def view_of(settings: Settings, overrides: dict[str, VersionRollout]) -> Rollout
 
 
 def test_the_assigned_router_version_decides_and_is_named_on_the_lane_record(
-    router_dir: FsPath,
+    router_dir: Path,
 ) -> None:
     settings = settings_with(router_dir)
     router = SmartRouter(builtin_registry(settings.backend), settings.routing)
     canary_view = view_of(settings, {"lr-heavy": VersionRollout("canary", 0.5)})
-    seen: dict[str, set[Path]] = {}
+    seen: dict[str, set[AnswerPath]] = {}
     for i in range(200):
         out = route(
             admitted(settings, f"r{i}", session=f"s{i}"),
@@ -212,11 +212,11 @@ def test_the_assigned_router_version_decides_and_is_named_on_the_lane_record(
         assert routed.router_version is not None
         seen.setdefault(routed.router_version, set()).add(routed.path)
     # The rule sends a capital question light; the heavy artifact sends it heavy.
-    assert seen == {RULE_VERSION: {Path.LIGHT}, "lr-heavy": {Path.HEAVY}}
+    assert seen == {RULE_VERSION: {AnswerPath.LIGHT}, "lr-heavy": {AnswerPath.HEAVY}}
 
 
 def test_a_shadow_router_decides_without_changing_the_path_and_is_counted(
-    router_dir: FsPath,
+    router_dir: Path,
 ) -> None:
     settings = settings_with(router_dir)
     router = SmartRouter(builtin_registry(settings.backend), settings.routing)
@@ -236,8 +236,8 @@ def test_a_shadow_router_decides_without_changing_the_path_and_is_counted(
         )
         assert with_shadows.records == without.records  # what is produced is the same
         shadows = dict(with_shadows.router_shadows)
-        assert shadows["lr-heavy"] == Path.HEAVY
-        assert shadows.get("lr-light", Path.LIGHT) == Path.LIGHT
+        assert shadows["lr-heavy"] == AnswerPath.HEAVY
+        assert shadows.get("lr-light", AnswerPath.LIGHT) == AnswerPath.LIGHT
         assert with_shadows.decision is not None
         for version, path in with_shadows.router_shadows:
             tally.note(version, with_shadows.decision.path, path)
@@ -257,7 +257,7 @@ def test_a_shadow_router_decides_without_changing_the_path_and_is_counted(
     assert loaded.router_shadows == ()
 
 
-def test_an_unreadable_router_version_serves_the_rules_decision(router_dir: FsPath) -> None:
+def test_an_unreadable_router_version_serves_the_rules_decision(router_dir: Path) -> None:
     (router_dir / "broken.json").write_text("[]")
     settings = settings_with(router_dir)
     router = SmartRouter(builtin_registry(settings.backend), settings.routing)
@@ -271,7 +271,7 @@ def test_an_unreadable_router_version_serves_the_rules_decision(router_dir: FsPa
         rollout=view,
     )
     routed = RoutedRequest.model_validate_json(out.records[0].value)
-    assert routed.router_version == "broken" and routed.path == Path.LIGHT
+    assert routed.router_version == "broken" and routed.path == AnswerPath.LIGHT
 
 
 def test_router_version_rides_from_the_lane_record_to_the_quality_event() -> None:
@@ -281,7 +281,7 @@ def test_router_version_rides_from_the_lane_record_to_the_quality_event() -> Non
     routed = RoutedRequest(
         request=request,
         lane="realtime",  # type: ignore[arg-type]
-        path=Path.HEAVY,
+        path=AnswerPath.HEAVY,
         reply_to="laneway.replies",
         produced_at_ms=NOW,
         routed_at_ms=NOW,
@@ -297,7 +297,7 @@ def test_router_version_rides_from_the_lane_record_to_the_quality_event() -> Non
 
 
 def event(
-    router_version: str, path: Path, ok: bool, ts: int, latency: float = 100.0
+    router_version: str, path: AnswerPath, ok: bool, ts: int, latency: float = 100.0
 ) -> QualityEvent:
     return QualityEvent(
         id=f"e{ts}",
@@ -325,33 +325,42 @@ def records(*events: QualityEvent, since: int = 0) -> dict[str, RouterRecord]:
 
 def test_router_records_keep_the_heavy_share_of_what_each_version_routed() -> None:
     got = records(
-        *(event("rule", Path.LIGHT, True, t) for t in range(30)),
-        *(event("lr", Path.HEAVY if t % 2 else Path.LIGHT, True, 100 + t) for t in range(40)),
+        *(event("rule", AnswerPath.LIGHT, True, t) for t in range(30)),
+        *(
+            event("lr", AnswerPath.HEAVY if t % 2 else AnswerPath.LIGHT, True, 100 + t)
+            for t in range(40)
+        ),
     )
     assert set(got) == {"rule", "lr"}
     assert got["rule"].heavy_share == 0.0 and len(got["rule"].stats.outcomes) == 30
     assert got["lr"].heavy_share == 0.5
     # Judged on the events since its share was set only.
-    later = records(*(event("lr", Path.HEAVY, True, t) for t in range(40)), since=30)
+    later = records(*(event("lr", AnswerPath.HEAVY, True, t) for t in range(40)), since=30)
     assert len(later["lr"].stats.outcomes) == 10 and later["lr"].heavy_share == 1.0
     assert RouterRecord.from_json(got["lr"].to_json()) == got["lr"]
 
 
 def test_a_canary_router_that_sends_too_much_heavy_is_rolled_back_and_a_fair_one_is_not() -> None:
     active = records(
-        *(event("rule", Path.HEAVY if t % 5 == 0 else Path.LIGHT, True, t) for t in range(50))
+        *(
+            event("rule", AnswerPath.HEAVY if t % 5 == 0 else AnswerPath.LIGHT, True, t)
+            for t in range(50)
+        )
     )["rule"]
-    costly = records(*(event("lr", Path.HEAVY, True, t) for t in range(30)))["lr"]
+    costly = records(*(event("lr", AnswerPath.HEAVY, True, t) for t in range(30)))["lr"]
     reason = decide_router(costly, active, RULES)
     assert reason is not None and reason.startswith("heavy share 100%") and "active 20%" in reason
     fair = records(
-        *(event("lr", Path.HEAVY if t % 3 == 0 else Path.LIGHT, True, t) for t in range(30))
+        *(
+            event("lr", AnswerPath.HEAVY if t % 3 == 0 else AnswerPath.LIGHT, True, t)
+            for t in range(30)
+        )
     )["lr"]
     assert decide_router(fair, active, RULES) is None
     # Too few events: not judged yet, however it looks.
-    young = records(*(event("lr", Path.HEAVY, False, t) for t in range(5)))["lr"]
+    young = records(*(event("lr", AnswerPath.HEAVY, False, t) for t in range(5)))["lr"]
     assert decide_router(young, active, RULES) is None
-    failing = records(*(event("lr", Path.LIGHT, t % 2 == 0, t) for t in range(30)))["lr"]
+    failing = records(*(event("lr", AnswerPath.LIGHT, t % 2 == 0, t) for t in range(30)))["lr"]
     why = decide_router(failing, active, RULES)
     assert why is not None and why.startswith("success rate 50%")
     assert decide_router(None, active, RULES) is None
@@ -361,11 +370,11 @@ def test_the_quality_loop_drains_only_the_canary_routers_worse_than_the_active_o
     from streams.rollout.rollback import routers_to_drain
 
     got = records(
-        *(event("rule", Path.LIGHT, True, t) for t in range(30)),
-        *(event("lr-costly", Path.HEAVY, True, 100 + t) for t in range(30)),
-        *(event("lr-fair", Path.LIGHT, True, 200 + t) for t in range(30)),
-        *(event("lr-off", Path.HEAVY, True, 300 + t) for t in range(30)),
-        *(event("lr-shadow", Path.HEAVY, True, 400 + t) for t in range(30)),
+        *(event("rule", AnswerPath.LIGHT, True, t) for t in range(30)),
+        *(event("lr-costly", AnswerPath.HEAVY, True, 100 + t) for t in range(30)),
+        *(event("lr-fair", AnswerPath.LIGHT, True, 200 + t) for t in range(30)),
+        *(event("lr-off", AnswerPath.HEAVY, True, 300 + t) for t in range(30)),
+        *(event("lr-shadow", AnswerPath.HEAVY, True, 400 + t) for t in range(30)),
     )
     live = versions(
         **{

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path as FsPath
+from pathlib import Path
 
 import pytest
 from llama_cpp import Llama
 
-from schemas.messages import InferenceRequest, Path
+from schemas.messages import AnswerPath, InferenceRequest
 from schemas.settings import RedisSettings, RoutingSettings, Settings
 from streams.cache.response import CacheHit
 from streams.classify.batch import BatchClassifier, BatchLookups
@@ -55,7 +55,7 @@ def record(**fields: object) -> SourceRecord:
 
 def test_the_light_model_counts_and_a_registry_without_llamacpp_has_no_counter() -> None:
     entry = counting_model(REGISTRY)
-    assert entry is not None and entry.path == Path.LIGHT
+    assert entry is not None and entry.path == AnswerPath.LIGHT
     remote = ModelRegistry.model_validate(
         {"models": [{"name": "gpt", "backend": "openai", "path": "light"}]}
     )
@@ -63,7 +63,7 @@ def test_the_light_model_counts_and_a_registry_without_llamacpp_has_no_counter()
     assert TokenCounter.for_registry(SETTINGS, remote) is None
 
 
-def test_a_missing_model_leaves_the_counter_unready_without_raising(tmp_path: FsPath) -> None:
+def test_a_missing_model_leaves_the_counter_unready_without_raising(tmp_path: Path) -> None:
     missing = TokenCounter("nothing", lambda: tmp_path / "missing.gguf")
     assert missing.load() is False and not missing.ready
 
@@ -106,7 +106,7 @@ def test_a_cache_answer_keeps_its_models_count_else_is_counted(
 
     def usage(completion_tokens: int | None) -> tuple[int, int]:
         hit = CacheHit(
-            output, "exact", 1.0, "llamacpp:gemma3-270m", Path.HEAVY, "k", completion_tokens
+            output, "exact", 1.0, "llamacpp:gemma3-270m", AnswerPath.HEAVY, "k", completion_tokens
         )
         out = route(
             done, Found(hit=hit), now_ms=NOW, settings=SETTINGS, router=router, tokens=counter

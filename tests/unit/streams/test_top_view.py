@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from schemas.messages import Lane, Path
+from schemas.messages import AnswerPath, Lane
 from streams.classify.router import PathStats
 from streams.stores.workerboard import PathCard, WorkerCard
 from streams.tools.top_view import Scrape, quantile, snapshot
@@ -69,8 +69,8 @@ def test_two_scrapes_give_rates_percentiles_shares_and_breakers() -> None:
     classifier.lookups.labels("bypass").inc(100)  # never asked the cache: not in the ratio
     newer = Scrape.parse([worker.text(), classifier.text()], at_s=12.0)
 
-    card = WorkerCard("w1", Lane.MEDIUM, (PathCard(Path.HEAVY, "llamacpp", "g", "cpu"),), 8)
-    stats = {Path.HEAVY: PathStats(latency_ms=900.0, outcomes=[1, 1, 0, 1], n=4)}
+    card = WorkerCard("w1", Lane.MEDIUM, (PathCard(AnswerPath.HEAVY, "llamacpp", "g", "cpu"),), 8)
+    stats = {AnswerPath.HEAVY: PathStats(latency_ms=900.0, outcomes=[1, 1, 0, 1], n=4)}
     view = snapshot(older, newer, workers=[card], stats=stats)
 
     lanes = {row.lane: row for row in view.lanes}
@@ -84,12 +84,12 @@ def test_two_scrapes_give_rates_percentiles_shares_and_breakers() -> None:
     assert lanes[Lane.MEDIUM].in_flight is None  # no process reports it: unknown, not 0
 
     paths = {row.path: row for row in view.paths}
-    assert paths[Path.HEAVY].share == pytest.approx(20 / 30)
-    assert paths[Path.CACHE].share == pytest.approx(10 / 30)
-    assert paths[Path.HEAVY].breaker == "open" and paths[Path.LIGHT].breaker == "-"
-    assert paths[Path.HEAVY].success == pytest.approx(0.75)
-    assert paths[Path.HEAVY].latency_ms == 900.0
-    assert paths[Path.LIGHT].success is None  # never measured
+    assert paths[AnswerPath.HEAVY].share == pytest.approx(20 / 30)
+    assert paths[AnswerPath.CACHE].share == pytest.approx(10 / 30)
+    assert paths[AnswerPath.HEAVY].breaker == "open" and paths[AnswerPath.LIGHT].breaker == "-"
+    assert paths[AnswerPath.HEAVY].success == pytest.approx(0.75)
+    assert paths[AnswerPath.HEAVY].latency_ms == 900.0
+    assert paths[AnswerPath.LIGHT].success is None  # never measured
 
     assert view.cache_hit_ratio == pytest.approx(4 / 8)
     assert view.classifier_per_s == pytest.approx(5.0)
@@ -110,10 +110,16 @@ def test_a_registry_path_beyond_light_and_heavy_has_its_row() -> None:
     for _ in range(4):
         worker.results.labels("medium", "mid", "ok", "").inc()
     newer = Scrape.parse([worker.text()], at_s=12.0)
-    card = WorkerCard("w1", Lane.MEDIUM, (PathCard(Path("mid"), "llamacpp", "q", "cpu"),), 8)
-    stats = {Path("mid"): PathStats(latency_ms=700.0, outcomes=[1, 1], n=2)}
+    card = WorkerCard("w1", Lane.MEDIUM, (PathCard(AnswerPath("mid"), "llamacpp", "q", "cpu"),), 8)
+    stats = {AnswerPath("mid"): PathStats(latency_ms=700.0, outcomes=[1, 1], n=2)}
     view = snapshot(older, newer, workers=[card], stats=stats)
     paths = [row.path for row in view.paths]
-    assert paths == [Path.CACHE, Path.RULES, Path.LIGHT, Path.HEAVY, Path("mid")]
+    assert paths == [
+        AnswerPath.CACHE,
+        AnswerPath.RULES,
+        AnswerPath.LIGHT,
+        AnswerPath.HEAVY,
+        AnswerPath("mid"),
+    ]
     mid = view.paths[-1]
     assert mid.share == pytest.approx(1.0) and mid.latency_ms == 700.0 and mid.success == 1.0

@@ -11,7 +11,7 @@ from schemas.errors import (
     LanewayError,
     OutOfMemory,
 )
-from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import BackendSettings
 from streams.classify.registry import ModelRegistry, builtin_registry
 from workers.backends.base import (
@@ -27,7 +27,7 @@ from workers.execution import BackendSlot, Executor, backend_slots, version_slot
 
 
 def routed(
-    prompt: str, path: Path, deadline_in_ms: int | None = None, rid: str = "r"
+    prompt: str, path: AnswerPath, deadline_in_ms: int | None = None, rid: str = "r"
 ) -> RoutedRequest:
     now = int(time.time() * 1000)
     return RoutedRequest(
@@ -69,7 +69,7 @@ def slot_of(backend: Backend) -> BackendSlot:
 
 async def test_rules_backend_answers_and_times_results() -> None:
     executor = Executor(Lane.REALTIME, backend_slots(BackendSettings()))
-    (done,) = await executor.execute([routed("ping", Path.RULES)])
+    (done,) = await executor.execute([routed("ping", AnswerPath.RULES)])
     result = done.result
     assert result.status == "ok" and result.output == "pong" and result.model == "rules:rules"
     assert result.timings.batch_size == 1 and result.timings.total_ms >= result.timings.queue_ms
@@ -77,16 +77,16 @@ async def test_rules_backend_answers_and_times_results() -> None:
 
 async def test_expired_requests_never_reach_the_model() -> None:
     boom = Exploding(RuntimeError("must not run"))
-    executor = Executor(Lane.MEDIUM, {Path.LIGHT: slot_of(boom)})
-    (done,) = await executor.execute([routed("q", Path.LIGHT, deadline_in_ms=-10)])
+    executor = Executor(Lane.MEDIUM, {AnswerPath.LIGHT: slot_of(boom)})
+    (done,) = await executor.execute([routed("q", AnswerPath.LIGHT, deadline_in_ms=-10)])
     assert done.result.error is not None and done.result.error.code == "INF-503"
     assert boom.seen == []
 
 
 async def test_inference_errors_are_spread_and_mapped() -> None:
     cuda = Exploding(RuntimeError("CUDA error: device-side assert triggered"))
-    executor = Executor(Lane.BULK, {Path.HEAVY: slot_of(cuda)})
-    batch = [routed(f"q{i}", Path.HEAVY, rid=f"r{i}") for i in range(3)]
+    executor = Executor(Lane.BULK, {AnswerPath.HEAVY: slot_of(cuda)})
+    batch = [routed(f"q{i}", AnswerPath.HEAVY, rid=f"r{i}") for i in range(3)]
     finished = await executor.execute(batch)
     assert [f.result.id for f in finished] == ["r0", "r1", "r2"]
     assert {f.result.error.code for f in finished if f.result.error} == {"CUDA-ERR"}
@@ -95,8 +95,8 @@ async def test_inference_errors_are_spread_and_mapped() -> None:
 
 async def test_remaining_deadline_bounds_inference_and_system_prompt_is_added() -> None:
     spy = Exploding(RuntimeError("x"))
-    executor = Executor(Lane.REALTIME, {Path.LIGHT: slot_of(spy)}, system_prompt="be brief")
-    await executor.execute([routed("q", Path.LIGHT, deadline_in_ms=2000)])
+    executor = Executor(Lane.REALTIME, {AnswerPath.LIGHT: slot_of(spy)}, system_prompt="be brief")
+    await executor.execute([routed("q", AnswerPath.LIGHT, deadline_in_ms=2000)])
     (seen,) = spy.seen
     remaining = seen.remaining_s()
     assert remaining is not None and 0 < remaining <= 2
@@ -112,16 +112,16 @@ async def test_missing_model_gives_inf_502_and_is_not_retried_at_once() -> None:
     slots = backend_slots(settings)
     executor = Executor(Lane.REALTIME, slots)
     for _ in range(2):
-        (done,) = await executor.execute([routed("q", Path.LIGHT)])
+        (done,) = await executor.execute([routed("q", AnswerPath.LIGHT)])
         assert done.result.error is not None
         assert done.result.error.code == "INF-502"
         assert "does not exist" in done.result.error.message
-    assert slots[Path.LIGHT].backend is None
+    assert slots[AnswerPath.LIGHT].backend is None
 
 
 async def test_path_without_backend_is_inf_502() -> None:
     executor = Executor(Lane.REALTIME, {})
-    (done,) = await executor.execute([routed("q", Path.HEAVY)])
+    (done,) = await executor.execute([routed("q", AnswerPath.HEAVY)])
     assert done.result.error is not None and done.result.error.code == "INF-502"
 
 
@@ -175,21 +175,21 @@ def test_transcript_for_base_models() -> None:
 
 
 def rules_slot() -> BackendSlot:
-    return backend_slots(BackendSettings())[Path.RULES]
+    return backend_slots(BackendSettings())[AnswerPath.RULES]
 
 
 async def test_failing_path_falls_back_and_its_breaker_opens() -> None:
     heavy = Exploding(RuntimeError("connection refused"))
-    slots = {Path.HEAVY: slot_of(heavy), Path.LIGHT: rules_slot()}
+    slots = {AnswerPath.HEAVY: slot_of(heavy), AnswerPath.LIGHT: rules_slot()}
     executor = Executor(Lane.MEDIUM, slots)
     for _ in range(5):
-        (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+        (done,) = await executor.execute([routed("ping", AnswerPath.HEAVY)])
         result = done.result
         assert result.status == "ok" and result.output == "pong"
         assert result.path == "light" and result.degraded and result.requested_path == "heavy"
-    assert slots[Path.HEAVY].breaker.state == "open"
+    assert slots[AnswerPath.HEAVY].breaker.state == "open"
     calls = len(heavy.seen)
-    (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+    (done,) = await executor.execute([routed("ping", AnswerPath.HEAVY)])
     assert done.result.degraded and len(heavy.seen) == calls  # the open circuit is skipped
 
 
@@ -212,29 +212,29 @@ async def test_a_cuda_error_opens_the_breaker_at_once_and_reloads_the_backend() 
 
     breaker = CircuitBreaker(failures=5, window_s=30, cooldown_s=10, clock=clock)
     heavy = BackendSlot(load, retry_s=60, label="heavy=vllm:x", breaker=breaker)
-    executor = Executor(Lane.MEDIUM, {Path.HEAVY: heavy, Path.LIGHT: rules_slot()})
-    (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+    executor = Executor(Lane.MEDIUM, {AnswerPath.HEAVY: heavy, AnswerPath.LIGHT: rules_slot()})
+    (done,) = await executor.execute([routed("ping", AnswerPath.HEAVY)])
     assert done.result.status == "ok" and done.result.path == "light" and done.result.degraded
     assert [e.code for _, _, e in done.failed] == ["CUDA-ERR"]
     assert breaker.state == "open" and heavy.backend is None  # one error was enough
-    assert BREAKER_STATE.labels(Lane.MEDIUM, Path.HEAVY)._value.get() == 2
-    (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+    assert BREAKER_STATE.labels(Lane.MEDIUM, AnswerPath.HEAVY)._value.get() == 2
+    (done,) = await executor.execute([routed("ping", AnswerPath.HEAVY)])
     assert done.result.degraded and len(loads) == 1 and len(loads[0].seen) == 1  # skipped
     clock.now = 10  # the half-open probe runs on a backend loaded afresh
-    (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+    (done,) = await executor.execute([routed("ping", AnswerPath.HEAVY)])
     assert len(loads) == 2 and len(loads[1].seen) == 1 and breaker.state == "open"
 
 
 async def test_no_path_left_is_inf_502_naming_why() -> None:
     heavy = Exploding(RuntimeError("connection refused"))
-    slots = {Path.HEAVY: slot_of(heavy)}
+    slots = {AnswerPath.HEAVY: slot_of(heavy)}
     executor = Executor(Lane.MEDIUM, slots)
-    (done,) = await executor.execute([routed("q", Path.HEAVY)])
+    (done,) = await executor.execute([routed("q", AnswerPath.HEAVY)])
     assert done.result.error is not None and done.result.error.code == "INF-502"
     assert "connection refused" in done.result.error.message
     for _ in range(4):
-        await executor.execute([routed("q", Path.HEAVY)])
-    (done,) = await executor.execute([routed("q", Path.HEAVY)])
+        await executor.execute([routed("q", AnswerPath.HEAVY)])
+    (done,) = await executor.execute([routed("q", AnswerPath.HEAVY)])
     assert done.result.error is not None
     assert "heavy circuit open" in done.result.error.message
     assert "no backend serves light" in done.result.error.message
@@ -265,28 +265,30 @@ class RoomForOne:
 
 async def test_out_of_memory_splits_the_batch_before_mem_err() -> None:
     backend = RoomForOne()
-    executor = Executor(Lane.BULK, {Path.HEAVY: slot_of(backend)})
-    finished = await executor.execute([routed(f"q{i}", Path.HEAVY, rid=f"r{i}") for i in range(4)])
+    executor = Executor(Lane.BULK, {AnswerPath.HEAVY: slot_of(backend)})
+    finished = await executor.execute(
+        [routed(f"q{i}", AnswerPath.HEAVY, rid=f"r{i}") for i in range(4)]
+    )
     assert [f.result.status for f in finished] == ["ok"] * 4
     assert not any(f.result.degraded for f in finished)
     assert backend.batch_sizes == [4, 2, 1, 1, 2, 1, 1]
 
 
 async def test_flow_control_moves_are_reported_as_degraded() -> None:
-    moved = routed("ping", Path.RULES).model_copy(update={"requested_path": Path.HEAVY})
-    executor = Executor(Lane.REALTIME, {Path.RULES: rules_slot()})
+    moved = routed("ping", AnswerPath.RULES).model_copy(update={"requested_path": AnswerPath.HEAVY})
+    executor = Executor(Lane.REALTIME, {AnswerPath.RULES: rules_slot()})
     (done,) = await executor.execute([moved])
     assert done.result.status == "ok" and done.result.path == "rules"
     assert done.result.degraded and done.result.requested_path == "heavy"
 
 
 async def test_an_explored_route_says_so_in_its_result_ok_or_not() -> None:
-    explored = routed("ping", Path.RULES).model_copy(update={"explored": True})
-    executor = Executor(Lane.REALTIME, {Path.RULES: rules_slot()})
+    explored = routed("ping", AnswerPath.RULES).model_copy(update={"explored": True})
+    executor = Executor(Lane.REALTIME, {AnswerPath.RULES: rules_slot()})
     (done,) = await executor.execute([explored])
     assert done.result.status == "ok" and done.result.explored
     failing = Executor(Lane.REALTIME, {})
-    unserved = routed("q", Path.HEAVY).model_copy(update={"explored": True})
+    unserved = routed("q", AnswerPath.HEAVY).model_copy(update={"explored": True})
     (failed,) = await failing.execute([unserved])
     assert failed.result.status == "error" and failed.result.explored
 
@@ -297,22 +299,24 @@ async def test_paths_that_failed_before_a_fallback_are_reported_for_the_quality_
     from workers.answered import attempt_events
 
     heavy = Exploding(RuntimeError("connection refused"))
-    executor = Executor(Lane.MEDIUM, {Path.HEAVY: slot_of(heavy), Path.LIGHT: rules_slot()})
-    (done,) = await executor.execute([routed("ping", Path.HEAVY)])
+    executor = Executor(
+        Lane.MEDIUM, {AnswerPath.HEAVY: slot_of(heavy), AnswerPath.LIGHT: rules_slot()}
+    )
+    (done,) = await executor.execute([routed("ping", AnswerPath.HEAVY)])
     assert done.result.path == "light"
-    assert [(path, error.code) for path, _, error in done.failed] == [(Path.HEAVY, "INF-502")]
+    assert [(path, error.code) for path, _, error in done.failed] == [(AnswerPath.HEAVY, "INF-502")]
     (out,) = attempt_events(done, Settings())
     event = QualityEvent.model_validate_json(out.value)
     assert out.topic == "laneway.quality" and out.key == done.result.id.encode()  # by id
     assert (event.kind, event.path, event.success, event.error_code) == (
         "attempt",
-        Path.HEAVY,
+        AnswerPath.HEAVY,
         False,
         "INF-502",
     )
     # A request no path could serve counts once, against its own path.
-    alone = Executor(Lane.MEDIUM, {Path.HEAVY: slot_of(Exploding(RuntimeError("down")))})
-    (failed,) = await alone.execute([routed("q", Path.HEAVY)])
+    alone = Executor(Lane.MEDIUM, {AnswerPath.HEAVY: slot_of(Exploding(RuntimeError("down")))})
+    (failed,) = await alone.execute([routed("q", AnswerPath.HEAVY)])
     assert failed.result.status == "error" and failed.failed == ()
 
 
@@ -320,8 +324,8 @@ async def test_session_history_goes_before_the_request() -> None:
     from schemas.messages import ChatMessage
 
     seen = Exploding(RuntimeError("x"))
-    executor = Executor(Lane.REALTIME, {Path.LIGHT: slot_of(seen)}, system_prompt="Be brief.")
-    item = routed("and mine?", Path.LIGHT).model_copy(
+    executor = Executor(Lane.REALTIME, {AnswerPath.LIGHT: slot_of(seen)}, system_prompt="Be brief.")
+    item = routed("and mine?", AnswerPath.LIGHT).model_copy(
         update={
             "history": [
                 ChatMessage(role="user", content="my name is Ada"),
@@ -363,13 +367,13 @@ def versioned(backend: Backend, version: str) -> BackendSlot:
 
 
 def for_version(prompt: str, version: str | None, **update: object) -> RoutedRequest:
-    return routed(prompt, Path.HEAVY).model_copy(update={"version": version, **update})
+    return routed(prompt, AnswerPath.HEAVY).model_copy(update={"version": version, **update})
 
 
 async def test_each_request_runs_on_its_version_and_says_which() -> None:
-    slots = {Path.HEAVY: versioned(Named("gemma"), "v1"), Path.RULES: rules_slot()}
+    slots = {AnswerPath.HEAVY: versioned(Named("gemma"), "v1"), AnswerPath.RULES: rules_slot()}
     executor = Executor(
-        Lane.MEDIUM, slots, versions={(Path.HEAVY, "v2"): versioned(Named("smol"), "v2")}
+        Lane.MEDIUM, slots, versions={(AnswerPath.HEAVY, "v2"): versioned(Named("smol"), "v2")}
     )
     batch = [for_version("a", "v2"), for_version("b", "v1"), for_version("c", None)]
     done = await executor.execute(batch)
@@ -382,12 +386,14 @@ async def test_each_request_runs_on_its_version_and_says_which() -> None:
 
 async def test_a_failing_canary_falls_back_to_the_active_version_and_is_counted() -> None:
     broken = Exploding(RuntimeError("model file not found"))
-    slots = {Path.HEAVY: versioned(Named("gemma"), "v1"), Path.RULES: rules_slot()}
-    executor = Executor(Lane.MEDIUM, slots, versions={(Path.HEAVY, "v2"): versioned(broken, "v2")})
+    slots = {AnswerPath.HEAVY: versioned(Named("gemma"), "v1"), AnswerPath.RULES: rules_slot()}
+    executor = Executor(
+        Lane.MEDIUM, slots, versions={(AnswerPath.HEAVY, "v2"): versioned(broken, "v2")}
+    )
     (done,) = await executor.execute([for_version("a", "v2")])
     assert done.result.status == "ok" and done.result.version == "v1"
     assert done.result.path == "heavy" and not done.result.degraded
-    assert [(p, v, e.code) for p, v, e in done.failed] == [(Path.HEAVY, "v2", "INF-502")]
+    assert [(p, v, e.code) for p, v, e in done.failed] == [(AnswerPath.HEAVY, "v2", "INF-502")]
     # A version no slot here loads is answered by the active one too.
     (other,) = await executor.execute([for_version("a", "v9")])
     assert other.result.version == "v1" and other.failed == ()
@@ -395,8 +401,10 @@ async def test_a_failing_canary_falls_back_to_the_active_version_and_is_counted(
 
 async def test_a_shadow_copy_runs_on_its_version_or_not_at_all() -> None:
     broken = Exploding(RuntimeError("model file not found"))
-    slots = {Path.HEAVY: versioned(Named("gemma"), "v1"), Path.RULES: rules_slot()}
-    executor = Executor(Lane.BULK, slots, versions={(Path.HEAVY, "v2"): versioned(broken, "v2")})
+    slots = {AnswerPath.HEAVY: versioned(Named("gemma"), "v1"), AnswerPath.RULES: rules_slot()}
+    executor = Executor(
+        Lane.BULK, slots, versions={(AnswerPath.HEAVY, "v2"): versioned(broken, "v2")}
+    )
     (done,) = await executor.execute([for_version("a", "v2", shadow=True)])
     assert done.result.status == "error" and done.result.error is not None
     assert done.result.error.code == "INF-502" and done.result.version == "v2"
@@ -423,18 +431,23 @@ def test_slots_come_from_the_registrys_versions_that_are_not_retired() -> None:
     registry = ModelRegistry.model_validate(
         {"models": [m.model_dump() for m in base.models] + extra}
     )
-    slots = backend_slots(BackendSettings(), (Path.HEAVY,), registry)
-    assert {p: s.version for p, s in slots.items()} == {Path.HEAVY: "q4_k_m", Path.RULES: None}
-    assert list(version_slots(BackendSettings(), registry, (Path.HEAVY,))) == [(Path.HEAVY, "smol")]
-    assert version_slots(BackendSettings(), registry, (Path.LIGHT,)) == {}
+    slots = backend_slots(BackendSettings(), (AnswerPath.HEAVY,), registry)
+    assert {p: s.version for p, s in slots.items()} == {
+        AnswerPath.HEAVY: "q4_k_m",
+        AnswerPath.RULES: None,
+    }
+    assert list(version_slots(BackendSettings(), registry, (AnswerPath.HEAVY,))) == [
+        (AnswerPath.HEAVY, "smol")
+    ]
+    assert version_slots(BackendSettings(), registry, (AnswerPath.LIGHT,)) == {}
 
 
 async def test_a_shadow_of_the_workers_own_active_version_never_falls_back() -> None:
     broken = Exploding(RuntimeError("model file not found"))
     slots = {
-        Path.HEAVY: versioned(broken, "v1"),
-        Path.LIGHT: rules_slot(),
-        Path.RULES: rules_slot(),
+        AnswerPath.HEAVY: versioned(broken, "v1"),
+        AnswerPath.LIGHT: rules_slot(),
+        AnswerPath.RULES: rules_slot(),
     }
     executor = Executor(Lane.BULK, slots)
     (done,) = await executor.execute([for_version("ping", "v1", shadow=True)])
@@ -459,10 +472,12 @@ def test_a_versions_max_batch_sizes_its_backend_and_unset_leaves_the_setting() -
         }
     )
     settings = BackendSettings(llamacpp_max_sequences=12)
-    slots = backend_slots(settings, (Path.LIGHT, Path.HEAVY), registry)
-    light = slots[Path.LIGHT]._factory()
-    heavy = slots[Path.HEAVY]._factory()
+    slots = backend_slots(settings, (AnswerPath.LIGHT, AnswerPath.HEAVY), registry)
+    light = slots[AnswerPath.LIGHT]._factory()
+    heavy = slots[AnswerPath.HEAVY]._factory()
     assert light._settings.llamacpp_max_sequences == 3  # type: ignore[attr-defined]
     assert heavy._settings.llamacpp_max_sequences == 12  # type: ignore[attr-defined]
-    canary = version_slots(settings, registry, (Path.HEAVY,))[(Path.HEAVY, "2")]._factory()
+    canary = version_slots(settings, registry, (AnswerPath.HEAVY,))[
+        (AnswerPath.HEAVY, "2")
+    ]._factory()
     assert canary._settings.vllm_max_num_seqs == 32  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
 
-from schemas.messages import InferenceRequest, Lane, Path, RoutedRequest
+from schemas.messages import AnswerPath, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import BackendSettings, CacheSettings, Settings
 from streams.cache.response import ResponseCache
 from workers.claims import DecodeClaims
@@ -55,7 +55,7 @@ async def test_the_watch_ends_with_the_decode_when_a_cancel_is_swallowed() -> No
     routed = RoutedRequest(
         request=InferenceRequest(id="a", prompt="ping"),
         lane=Lane.MEDIUM,
-        path=Path.LIGHT,
+        path=AnswerPath.LIGHT,
         reply_to="replies",
         produced_at_ms=now,
         routed_at_ms=now,

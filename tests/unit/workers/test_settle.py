@@ -9,10 +9,10 @@ from pydantic import ValidationError
 
 from schemas.errors import BackendUnavailable, ErrorCode, InvalidRequest
 from schemas.messages import (
+    AnswerPath,
     InferenceRequest,
     InferenceResult,
     Lane,
-    Path,
     QualityEvent,
     RoutedRequest,
 )
@@ -30,7 +30,7 @@ def routed(rid: str, deadline_in_ms: int | None = None) -> RoutedRequest:
     return RoutedRequest(
         request=InferenceRequest(id=rid, prompt="hi", tenant="acme"),
         lane=Lane.MEDIUM,
-        path=Path.HEAVY,
+        path=AnswerPath.HEAVY,
         reply_to="laneway.replies.acme",
         produced_at_ms=now,
         routed_at_ms=now,
@@ -57,7 +57,7 @@ def record(offset: int, value: bytes, attempt: int | None = None) -> ConsumerRec
 
 def failed(rid: str, error: Exception) -> InferenceResult:
     assert isinstance(error, BackendUnavailable | InvalidRequest)
-    return InferenceResult.failure(rid, error, lane=Lane.MEDIUM, path=Path.HEAVY)
+    return InferenceResult.failure(rid, error, lane=Lane.MEDIUM, path=AnswerPath.HEAVY)
 
 
 def test_failures_are_parked_given_up_or_left_as_they_are() -> None:
@@ -150,16 +150,16 @@ def test_an_answer_names_the_cache_entry_it_came_from_or_is_stored_under() -> No
     from streams.stores.sessions import context_digest
 
     asked = routed("answer")
-    model = InferenceResult(id="answer", status="ok", output="4", path=Path.HEAVY)
+    model = InferenceResult(id="answer", status="ok", output="4", path=AnswerPath.HEAVY)
     key = cache_key(asked.request, SETTINGS.cache)
     assert answer_cache_key(asked, model, SETTINGS) == key
-    late_hit = model.model_copy(update={"path": Path.CACHE, "model": "cache:exact:x"})
+    late_hit = model.model_copy(update={"path": AnswerPath.CACHE, "model": "cache:exact:x"})
     assert answer_cache_key(asked, late_hit, SETTINGS) == key
     # Not stored, so no entry to name: a degraded answer, an error, a rule.
     for result in (
         model.model_copy(update={"degraded": True}),
         failed("answer", BackendUnavailable("down")),
-        model.model_copy(update={"path": Path.RULES}),
+        model.model_copy(update={"path": AnswerPath.RULES}),
     ):
         assert answer_cache_key(asked, result, SETTINGS) is None
     turns = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content="yo")]

@@ -13,10 +13,10 @@ import pytest
 
 from schemas.errors import DeadlineExceeded
 from schemas.messages import (
+    AnswerPath,
     InferenceRequest,
     InferenceResult,
     Lane,
-    Path,
     ResultChunk,
     RoutedRequest,
     Usage,
@@ -48,14 +48,14 @@ def routed() -> RoutedRequest:
     return RoutedRequest(
         request=InferenceRequest(id="r-1", prompt="hi", stream=True),
         lane=Lane.MEDIUM,
-        path=Path.LIGHT,
+        path=AnswerPath.LIGHT,
         reply_to="laneway.replies.t",
         produced_at_ms=now,
         routed_at_ms=now,
     )
 
 
-def ok(output: str, path: Path = Path.LIGHT) -> InferenceResult:
+def ok(output: str, path: AnswerPath = AnswerPath.LIGHT) -> InferenceResult:
     return InferenceResult(
         id="r-1",
         status="ok",
@@ -81,7 +81,7 @@ def stream(
 async def test_the_first_piece_goes_at_once_and_later_ones_are_coalesced() -> None:
     produced = Produced()
     answer = stream(produced, flush_ms=1000, max_pieces=100)
-    answer.begin(Path.LIGHT, "llamacpp:smollm2-135m")
+    answer.begin(AnswerPath.LIGHT, "llamacpp:smollm2-135m")
     answer.text("Hello")
     await asyncio.sleep(0.01)
     assert [c.delta for c in produced.chunks] == ["Hello"]
@@ -101,7 +101,7 @@ async def test_the_first_piece_goes_at_once_and_later_ones_are_coalesced() -> No
 async def test_a_chunk_goes_early_once_max_pieces_wait() -> None:
     produced = Produced()
     answer = stream(produced, flush_ms=10_000, max_pieces=3)
-    answer.begin(Path.LIGHT, None)
+    answer.begin(AnswerPath.LIGHT, None)
     answer.text("a")
     await asyncio.sleep(0.01)
     for piece in "bcd":
@@ -115,13 +115,13 @@ async def test_a_chunk_goes_early_once_max_pieces_wait() -> None:
 async def test_a_fallback_path_starts_a_new_attempt() -> None:
     produced = Produced()
     answer = stream(produced, flush_ms=0)
-    answer.begin(Path.LIGHT, "light-model")
+    answer.begin(AnswerPath.LIGHT, "light-model")
     answer.text("The ans")
     await asyncio.sleep(0.01)
-    answer.begin(Path.HEAVY, "heavy-model")  # light failed: heavy decodes it again
+    answer.begin(AnswerPath.HEAVY, "heavy-model")  # light failed: heavy decodes it again
     answer.text("An answer")
     await asyncio.sleep(0.01)
-    await answer.finish(ok("An answer.", Path.HEAVY))
+    await answer.finish(ok("An answer.", AnswerPath.HEAVY))
     chunks = produced.chunks
     assert [(c.attempt, c.seq, c.delta) for c in chunks] == [
         (1, 0, "The ans"),
@@ -134,7 +134,7 @@ async def test_a_fallback_path_starts_a_new_attempt() -> None:
 async def test_text_that_the_answer_does_not_continue_is_replaced_by_a_new_attempt() -> None:
     produced = Produced()
     answer = stream(produced, flush_ms=0)
-    answer.begin(Path.LIGHT, None)
+    answer.begin(AnswerPath.LIGHT, None)
     answer.text("Paris")
     await asyncio.sleep(0.01)
     await answer.finish(ok("It is Paris."))  # another worker's answer, from the cache
@@ -151,7 +151,7 @@ async def test_a_request_answered_without_a_decode_gets_one_chunk() -> None:
 async def test_an_error_ends_the_attempt_it_interrupts() -> None:
     produced = Produced()
     answer = stream(produced, flush_ms=0)
-    answer.begin(Path.LIGHT, None)
+    answer.begin(AnswerPath.LIGHT, None)
     answer.text("half")
     await asyncio.sleep(0.01)
     await answer.finish(InferenceResult.failure("r-1", DeadlineExceeded("cut off")))
@@ -164,7 +164,7 @@ async def test_an_error_ends_the_attempt_it_interrupts() -> None:
 async def test_an_abandoned_stream_sends_nothing_more() -> None:
     produced = Produced()
     answer = stream(produced, flush_ms=10_000)
-    answer.begin(Path.LIGHT, None)
+    answer.begin(AnswerPath.LIGHT, None)
     answer.text("a")
     await asyncio.sleep(0.01)
     answer.text("b")
@@ -189,7 +189,7 @@ async def test_attempts_are_numbered_per_request_and_fail_open() -> None:
     assert await attempts.next("a") is None
     produced = Produced()
     answer = stream(produced, attempts, flush_ms=0)
-    answer.begin(Path.LIGHT, None)
+    answer.begin(AnswerPath.LIGHT, None)
     answer.text("lost")
     await asyncio.sleep(0.05)
     await answer.finish(ok("lost and found"))
@@ -201,7 +201,7 @@ async def test_attempts_are_numbered_per_request_and_fail_open() -> None:
 async def test_chunks_are_json_a_plain_client_tells_from_a_result(pieces: list[str]) -> None:
     produced = Produced()
     answer = stream(produced, flush_ms=0)
-    answer.begin(Path.LIGHT, None)
+    answer.begin(AnswerPath.LIGHT, None)
     for piece in pieces:
         answer.text(piece)
         await asyncio.sleep(0.01)
