@@ -691,6 +691,20 @@ class GatewaySettings(BaseSettings):
     keys_reload_s: float = Field(default=2.0, gt=0)
     """How often the keys file is checked for changes (``laneway keys add``
     takes effect without a restart)."""
+    files_max_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    """Largest file ``POST /v1/files`` accepts (413 above). Files are kept
+    in Redis, where every replica finds them: this bounds what one upload
+    can take of its memory."""
+    files_ttl_s: int = Field(default=7 * 86_400, ge=60)
+    """How long an uploaded file stays in Redis (``expires_at`` of the File
+    object); a batch's input must outlive its submission."""
+    batch_submitters: int = Field(default=4, ge=1, le=64)
+    """Batches one replica submits at once (each produces its lines at
+    ``LANEWAY_BATCH_SUBMIT_RPS``); more wait their turn, ``validating``."""
+    batch_lease_s: float = Field(default=30.0, ge=1)
+    """A replica submitting a batch holds a lease on it in Redis, renewed
+    at a third of this; a batch whose lease lapsed (its replica died) is
+    resumed by the next replica that sweeps, at most this long after."""
 
 
 class TracingSettings(BaseSettings):

@@ -315,12 +315,14 @@ class LanewayClient:
         tenant: str | None = None,
         window_s: int | None = None,
         skip_invalid: bool = False,
+        job_id: str | None = None,
     ) -> BatchJob:
         """Submit a batch job (``laneway batch submit``): a JSONL file's path
         or bytes, or its lines as objects. Returns once every line is
         produced, with this client's producer; ``settings`` names the Redis
         that keeps the job. The same input under the same tenant is the same
-        job, resumed where it stopped. ``InvalidBatchFile`` lists every bad
+        job, resumed where it stopped, unless ``job_id`` names the job (then
+        that job is created or resumed). ``InvalidBatchFile`` lists every bad
         line unless ``skip_invalid``."""
         from streams.jobs.submit import submit_file
 
@@ -337,7 +339,18 @@ class LanewayClient:
             window_s=window_s,
             skip_invalid=skip_invalid,
             producer=self._producer,
+            job_id=job_id,
         )
+
+    async def cancel_batch(self, job_id: str, *, settings: Settings) -> tuple[bool, BatchJob]:
+        """Cancel a batch job that is not final (``laneway batch cancel``),
+        its move published with this client's producer: ``(cancelled now,
+        job)``. ``KeyError`` when there is no such job."""
+        from streams.jobs.progress import cancel_job
+
+        if self._producer is None:
+            raise RuntimeError("client not started")
+        return await cancel_job(settings, job_id, self._producer)
 
     async def batch_status(self, job_id: str, *, settings: Settings) -> BatchJob | None:
         """The job's status and counts, ``None`` when there is no such job."""

@@ -92,13 +92,17 @@ async def submit_file(
     skip_invalid: bool = False,
     producer: Any = None,
     on_progress: Callable[[BatchJob], None] | None = None,
+    job_id: str | None = None,
 ) -> BatchJob:
     """Submit ``data`` (a JSONL file's bytes); the job as it is once every
-    line is produced, or once it stopped (cancelled, expired)."""
+    line is produced, or once it stopped (cancelled, expired). ``job_id``:
+    the job's id, when the caller keeps one of its own (the gateway: one
+    job per batch created, the same file twice is two jobs); unset, it
+    comes from the tenant and the file, so the same file is the same job."""
     parsed = parse_jsonl(data, settings.request_limits(), max_lines=settings.batch.max_lines)
     if parsed.errors and not skip_invalid:
         raise InvalidBatchFile(parsed)
-    job_id = job_id_for(tenant, parsed.content_sha256)
+    job_id = job_id or job_id_for(tenant, parsed.content_sha256)
     created_ms = now_ms()
     window_ms = (window_s or settings.batch.window_s) * 1000
     redis = settings.redis.client()
