@@ -4,12 +4,16 @@
   ``stream: true`` server-sent ``chat.completion.chunk`` events ending in
   ``data: [DONE]`` (an error event instead when the stream fails mid-way);
 - ``GET /v1/models`` and ``GET /v1/models/{id}``: ``auto`` and the model
-  registry's paths.
+  registry's paths, each with its versions and their live roll-out state;
+- ``POST /v1/feedback``: a verdict on an answer, onto ``<p>.feedback``;
+- the Batch API (``/v1/files``, ``/v1/batches``): ``streams.gateway.batches``.
 
 Every request names its API key (``Authorization: Bearer``), which names
-its tenant and limits; the gateway sets the request's ``tenant``. One
-``LanewayClient`` carries every request, on the gateway's own reply topic.
-A client that goes away cancels its request (the decode stops).
+its tenant and limits (counted in Redis, shared by every replica:
+``streams.gateway.shared_limits``); the gateway sets the request's
+``tenant``. One ``LanewayClient`` carries every request, on the gateway's
+own reply topic. A client that goes away cancels its request (the decode
+stops).
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ from streams.chunks import StreamDelta
 from streams.classify.registry import ModelRegistry
 from streams.client import LanewayClient
 from streams.gateway import metrics
+from streams.gateway.batches import BatchApi
+from streams.gateway.bodies import json_object
 from streams.gateway.errors import GatewayError, from_error_info
+from streams.gateway.feedback import parse_feedback
 from streams.gateway.keys import ApiKey, KeyRing
-from streams.gateway.limiter import MinuteLimiter
+from streams.gateway.shared_limits import SharedLimiter
 from streams.gateway.sse import ChunkEvents
 from streams.gateway.translate import (
     AUTO_MODEL,
@@ -43,6 +50,7 @@ from streams.gateway.translate import (
     parse_request,
     to_request,
 )
+from streams.rollout.board import RolloutBoard
 
 __all__ = ["Gateway"]
 
@@ -60,17 +68,25 @@ class Gateway:
         client: LanewayClient,
         keys: KeyRing,
         registry: ModelRegistry,
+        limiter: SharedLimiter,
         *,
+        board: RolloutBoard | None = None,
+        board_refresh_s: float = 2.0,
+        batches: BatchApi | None = None,
         default_tenant: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``board``: the live roll-out state shown by ``/v1/models`` (read
+        at most every ``board_refresh_s``; ``None``: the registry file's)."""
         self.settings = settings
         self.client = client
         self.keys = keys
         self.registry = registry
         self.default_tenant = default_tenant
-        self.limiter = MinuteLimiter()
-        self._clock = clock
+        self.limiter = limiter
+        self.board = board
+        self.board_refresh_s = board_refresh_s
+        self.batches = batches
+        self._board_read = float("-inf")
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -79,6 +95,9 @@ class Gateway:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
+        app.router.add_post("/v1/feedback", self.feedback)
+        if self.batches is not None:
+            self.batches.add_routes(app.router, self._tenant_of)
         return app
 
     # -- middleware ----------------------------------------------------------
@@ -126,26 +145,31 @@ class Gateway:
             "invalid_api_key",
         )
 
-    def _admit(self, key: ApiKey | None) -> None:
+    def _tenant_of(self, request: web.Request) -> str:
+        """The caller's tenant (401 for an unknown key): what scopes its
+        files and batches. ``""`` for an open gateway without a default."""
+        key = self._key(request)
+        return key.tenant if key is not None else (self.default_tenant or "")
+
+    async def _admit(self, key: ApiKey | None) -> None:
         if key is None:
             return
-        wait_s = self.limiter.admit(key.id, rpm=key.rpm, tpm=key.tpm, now=self._clock())
-        if wait_s is not None:
-            used, tokens = self.limiter.used(key.id, now=self._clock())
+        verdict = await self.limiter.admit(key.id, rpm=key.rpm, tpm=key.tpm)
+        if not verdict.admitted:
             raise GatewayError(
                 429,
-                f"tenant {key.tenant!r} is over its limit (key {key.id}: {used}/{key.rpm} "
-                f"requests and {tokens}/{key.tpm} tokens in the last minute); "
-                f"try again in {wait_s:.1f}s",
+                f"tenant {key.tenant!r} is over its limit (key {key.id}: {verdict.requests}/"
+                f"{key.rpm} requests and {verdict.tokens}/{key.tpm} tokens in the last minute); "
+                f"try again in {verdict.wait_s:.1f}s",
                 "INF-429",
-                retry_after_ms=max(1, round(wait_s * 1000)),
+                retry_after_ms=max(1, round(verdict.wait_s * 1000)),
             )
 
-    def _spend(self, key: ApiKey | None, result: InferenceResult) -> None:
+    async def _spend(self, key: ApiKey | None, result: InferenceResult) -> None:
         tenant = key.tenant if key is not None else (self.default_tenant or "")
         metrics.TOKENS.labels(tenant).inc(result.usage.total_tokens)
         if key is not None:
-            self.limiter.spend(key.id, result.usage.total_tokens, now=self._clock())
+            await self.limiter.spend(key.id, result.usage.total_tokens)
 
     def _wait_s(self, knobs: Knobs) -> float:
         """How long to wait for an answer: the deadline and a grace, never
@@ -159,17 +183,30 @@ class Gateway:
 
     async def models(self, request: web.Request) -> web.Response:
         self._key(request)
-        return web.json_response({"object": "list", "data": self._model_list()})
+        return web.json_response({"object": "list", "data": await self._model_list()})
 
     async def model(self, request: web.Request) -> web.Response:
         self._key(request)
         name = request.match_info["model"]
-        for entry in self._model_list():
+        for entry in await self._model_list():
             if entry["id"] == name:
                 return web.json_response(entry)
         raise GatewayError(404, f"The model {name!r} does not exist", "model_not_found", "model")
 
-    def _model_list(self) -> list[dict[str, Any]]:
+    async def _live_registry(self) -> ModelRegistry:
+        """The registry with the live roll-out state laid over it, read
+        again at most every ``board_refresh_s`` (the board fails open: the
+        last state read, else the file's)."""
+        if self.board is None:
+            return self.registry
+        now = time.monotonic()
+        if now - self._board_read >= self.board_refresh_s:
+            self._board_read = now
+            await self.board.refresh()
+        return self.board.current.registry
+
+    async def _model_list(self) -> list[dict[str, Any]]:
+        registry = await self._live_registry()
         data: list[dict[str, Any]] = [
             {
                 "id": AUTO_MODEL,
@@ -179,10 +216,17 @@ class Gateway:
                 "laneway": {"router": "laneway's router picks the path per request"},
             }
         ]
-        for path in self.registry.model_paths:
+        for path in registry.model_paths:
             versions = [
-                {"version": m.version, "name": m.name, "backend": m.backend, "state": m.state}
-                for m in self.registry.versions(path)
+                {
+                    "version": m.version,
+                    "name": m.name,
+                    "backend": m.backend,
+                    "state": m.state,
+                    "traffic_share": m.traffic_share,
+                    "since_ms": self.board.since_ms(path, m.version) if self.board else 0,
+                }
+                for m in registry.versions(path)
             ]
             data.append(
                 {
@@ -195,15 +239,21 @@ class Gateway:
             )
         return data
 
+    async def feedback(self, request: web.Request) -> web.Response:
+        """A verdict on an answer, onto ``<p>.feedback`` (the quality loop
+        reads it): ``{"id": <completion id or request id>, "score": -1..1}``
+        or ``"thumbs": "up"|"down"``, and an optional ``comment``."""
+        self._key(request)
+        body = await json_object(request)
+        verdict = parse_feedback(body)
+        await self.client.feedback(verdict.request_id, verdict.score, verdict.comment)
+        metrics.FEEDBACK.inc()
+        return web.json_response({"object": "feedback", **verdict.model_dump(mode="json")})
+
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         received = time.perf_counter()
         key = self._key(request)
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            raise GatewayError(400, f"the body is not JSON: {exc}", "INF-400") from None
-        if not isinstance(body, Mapping):
-            raise GatewayError(400, "the body must be a JSON object", "INF-400")
+        body = await json_object(request)
         knobs = knobs_from_headers(request.headers)
         request_id = f"gw-{uuid.uuid4().hex}"
         tenant = key.tenant if key is not None else self.default_tenant
@@ -211,7 +261,7 @@ class Gateway:
             body, request_id=request_id, tenant=tenant, reply_to=self.client.reply_to, knobs=knobs
         )
         parsed = parse_request(fields)
-        self._admit(key)
+        await self._admit(key)
         asked = body.get("model") or AUTO_MODEL
         if parsed.stream:
             return await self._stream(request, parsed, key, knobs, str(asked), received)
@@ -235,7 +285,7 @@ class Gateway:
         except asyncio.CancelledError:  # the client went away
             await asyncio.shield(self._give_up(parsed.id))
             raise
-        self._spend(key, result)
+        await self._spend(key, result)
         headers = laneway_headers(
             request_id=parsed.id,
             lane=result.lane,
@@ -284,7 +334,7 @@ class Gateway:
                     "timeout",
                 ) from None
             if first.result is not None:
-                self._spend(key, first.result)
+                await self._spend(key, first.result)
                 if first.result.error is not None:  # nothing sent yet: a plain error
                     return _error_response(
                         from_error_info(first.result.error), _delta_headers(parsed.id, first)
@@ -312,7 +362,7 @@ class Gateway:
                 while True:
                     await _write(response, events.delta(delta))
                     if delta.result is not None and delta is not first:
-                        self._spend(key, delta.result)
+                        await self._spend(key, delta.result)
                     if events.ended:
                         break
                     try:

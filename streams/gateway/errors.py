@@ -40,6 +40,7 @@ _TYPE: dict[int, str] = {
     400: "invalid_request_error",
     401: "invalid_request_error",
     404: "invalid_request_error",
+    409: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
 }
@@ -63,6 +64,9 @@ class GatewayError(Exception):
     code: str
     param: str | None = None
     retry_after_ms: int | None = None
+    extra: dict[str, Any] | None = None
+    """laneway's details, under the error object's ``laneway`` (a bad batch
+    file's every line); OpenAI clients ignore it."""
 
     @property
     def type(self) -> str:
@@ -70,14 +74,15 @@ class GatewayError(Exception):
 
     def body(self) -> dict[str, Any]:
         """OpenAI's error object (also the ``data`` of an SSE error event)."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
+        error: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
         }
+        if self.extra:
+            error["laneway"] = self.extra
+        return {"error": error}
 
     def headers(self) -> dict[str, str]:
         """``Retry-After`` (whole seconds, rounded up) and OpenAI's

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-__all__ = ["REQUESTS", "REQUEST_SECONDS", "TIME_TO_FIRST_BYTE", "TOKENS"]
+__all__ = [
+    "BATCH_SUBMISSIONS",
+    "FEEDBACK",
+    "REQUESTS",
+    "REQUEST_SECONDS",
+    "TIME_TO_FIRST_BYTE",
+    "TOKENS",
+]
 
 REQUESTS = Counter(
     "laneway_gateway_requests_total",
@@ -27,4 +34,14 @@ TOKENS = Counter(
     "laneway_gateway_tokens_total",
     "Tokens (prompt + completion) of answers the gateway passed on, counted against tenants",
     ["tenant"],
+)
+FEEDBACK = Counter(
+    "laneway_gateway_feedback_total",
+    "Verdicts on answers (POST /v1/feedback) produced onto the feedback topic",
+)
+BATCH_SUBMISSIONS = Counter(
+    "laneway_gateway_batch_submissions_total",
+    "Batch submissions a replica ran, by how they ended "
+    "(submitted, resumed, cancelled, failed, interrupted)",
+    ["outcome"],
 )

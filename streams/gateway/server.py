@@ -1,6 +1,7 @@
 """The gateway process (``laneway gateway``): one ``LanewayClient`` on a
-reply topic of its own, the aiohttp app on ``LANEWAY_GATEWAY_PORT``, and
-the ops endpoints (``/metrics``, ``/healthz``, ``/readyz``) on
+reply topic of its own, Redis for what replicas share (per-key limits,
+files, batches, the roll-out state), the batch submitter, the aiohttp app
+on ``LANEWAY_GATEWAY_PORT``, and the ops endpoints (``/metrics``, ``/healthz``, ``/readyz``) on
 ``LANEWAY_HTTP_PORT`` as in every laneway process.
 
     async with GatewayServer(settings) as server:   # tests, embedding
@@ -23,8 +24,11 @@ from schemas.settings import Settings
 from streams.classify.registry import load_registry
 from streams.client import LanewayClient
 from streams.gateway.app import Gateway
+from streams.gateway.batches import BatchApi
 from streams.gateway.keys import KeyRing
+from streams.gateway.shared_limits import SharedLimiter
 from streams.ops import ProcessState, heartbeat
+from streams.rollout.board import RolloutBoard
 
 __all__ = ["GatewayServer", "gateway_client_id", "serve_gateway"]
 
@@ -32,6 +36,9 @@ log = logging.getLogger(__name__)
 
 DRAIN_S = 10.0
 """On stop, requests in flight get this long to finish."""
+STORE_TIMEOUT_S = 10.0
+"""Socket timeout of the Redis client that keeps files and batches (a file
+is up to ``LANEWAY_GATEWAY_FILES_MAX_BYTES`` in one value)."""
 
 
 def gateway_client_id() -> str:
@@ -48,9 +55,15 @@ class GatewayServer:
         gateway = settings.gateway
         self.keys = KeyRing(gateway.keys_file, gateway.keys_reload_s)
         self.registry = load_registry(settings.routing.models_file, settings.backend)
-        self.client = LanewayClient(
-            settings.kafka, client_id=gateway.client_id or gateway_client_id()
-        )
+        self.client_id = gateway.client_id or gateway_client_id()
+        self.client = LanewayClient(settings.kafka, client_id=self.client_id)
+        # Limits and the roll-out board: short timeouts, they fail open.
+        self.redis = settings.redis.client()
+        # Files and batches: their record; a file's bytes may take a while.
+        self.store_redis = settings.redis.model_copy(
+            update={"timeout_s": max(settings.redis.timeout_s, STORE_TIMEOUT_S)}
+        ).client()
+        self.batches: BatchApi | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self.port = gateway.port
@@ -79,11 +92,17 @@ class GatewayServer:
         else:
             log.info("%d API keys from %s", len(self.keys), gateway.keys_file)
         await self.client.start()
+        self.batches = BatchApi(self.settings, self.client, self.store_redis, self.client_id)
+        prefix = self.settings.redis.key_prefix
         app = Gateway(
             gateway,
             self.client,
             self.keys,
             self.registry,
+            SharedLimiter(self.redis, prefix),
+            board=RolloutBoard(self.redis, prefix, self.registry),
+            board_refresh_s=self.settings.rollout.refresh_s,
+            batches=self.batches,
             default_tenant=gateway.default_tenant,
         ).app()
         self._runner = web.AppRunner(
@@ -98,6 +117,7 @@ class GatewayServer:
             raise
         if self._runner.addresses:
             self.port = int(self._runner.addresses[0][1])
+        self.batches.submitter.start()  # resumes what a stopped replica left
         log.info("OpenAI API on %s (replies on %s)", self.base_url, self.client.reply_to)
         return self
 
@@ -105,7 +125,12 @@ class GatewayServer:
         if self._runner is not None:
             await self._runner.cleanup()  # stops listening, lets requests in flight end
             self._runner = None
+        if self.batches is not None:
+            await self.batches.submitter.close()  # resumed by the next sweep anywhere
+            self.batches = None
         await self.client.close()
+        await self.redis.aclose()
+        await self.store_redis.aclose()
 
     async def __aenter__(self) -> GatewayServer:
         return await self.start()
