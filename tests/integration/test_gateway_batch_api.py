@@ -40,11 +40,16 @@ def gateway(settings: Settings) -> Started:
     batch leases short so that a sweep comes every second."""
 
     @asynccontextmanager
-    async def start(keys_file: Path | None = None) -> AsyncIterator[GatewayServer]:
+    async def start(
+        keys_file: Path | None = None, submit_rps: float | None = None
+    ) -> AsyncIterator[GatewayServer]:
         options = settings.gateway.model_copy(
             update={"port": 0, "keys_file": keys_file, "batch_lease_s": 3.0}
         )
-        async with GatewayServer(settings.model_copy(update={"gateway": options})) as server:
+        update: dict[str, Any] = {"gateway": options}
+        if submit_rps is not None:  # a slow submission, to stop or cancel half-way
+            update["batch"] = settings.batch.model_copy(update={"submit_rps": submit_rps})
+        async with GatewayServer(settings.model_copy(update=update)) as server:
             yield server
 
     return start
@@ -220,6 +225,72 @@ async def test_a_cancelled_batch_stops_and_says_what_never_ran(gateway: Started)
         assert {e["custom_id"] for e in errors} <= {f"story-{i}" for i in range(40)}
         again = await client.batches.cancel(batch.id)
         assert again.status == "cancelled", "cancelling twice changes nothing"
+
+
+async def wait_produced(client: AsyncOpenAI, batch_id: str, at_least: int) -> Batch:
+    """Poll until the submission produced ``at_least`` requests (60 s at most)."""
+    give_up = time.monotonic() + 60
+    while True:
+        batch = await client.batches.retrieve(batch_id)
+        if batch.model_extra["laneway"]["produced"] >= at_least:  # type: ignore[index]
+            return batch
+        assert time.monotonic() < give_up, f"batch {batch_id} produced too little: {batch}"
+        await asyncio.sleep(0.2)
+
+
+HELLOS = batch_file([(f"hi-{i}", [{"role": "user", "content": "Hello!"}], 8) for i in range(30)])
+
+
+async def test_a_restarted_gateway_resumes_a_submission_where_it_stopped(
+    gateway: Started,
+) -> None:
+    async with gateway(submit_rps=5) as first:
+        client = sdk(first)
+        upload = await client.files.create(file=("hellos.jsonl", HELLOS), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        stopped = await wait_produced(client, batch.id, 3)
+    assert stopped.status == "in_progress"
+    produced = stopped.model_extra["laneway"]["produced"]  # type: ignore[index]
+    assert produced < 30, "stopped half-way"
+    async with gateway(submit_rps=50) as second:
+        client = sdk(second)
+        done = await wait_final(client, batch.id, timeout_s=180)
+        assert done.status == "completed", done
+        assert done.request_counts is not None and done.request_counts.completed == 30
+        assert done.output_file_id
+        output = await client.files.content(done.output_file_id)
+        ids = [json.loads(line)["custom_id"] for line in output.text.splitlines()]
+        assert ids == [f"hi-{i}" for i in range(30)], "each line once, in input order"
+
+
+async def test_a_batch_cancelled_half_way_keeps_what_ran(gateway: Started) -> None:
+    async with gateway(submit_rps=4) as server:
+        client = sdk(server)
+        upload = await client.files.create(file=("hellos.jsonl", HELLOS), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        await wait_produced(client, batch.id, 4)
+        await client.batches.cancel(batch.id)
+        done = await wait_final(client, batch.id, timeout_s=120)
+        assert done.status == "cancelled"
+        give_up = time.monotonic() + 60
+        while True:  # what was produced before the cancel still runs and is counted
+            counts = done.request_counts
+            assert counts is not None
+            if counts.completed + counts.failed >= done.model_extra["laneway"]["produced"]:  # type: ignore[index]
+                break
+            assert time.monotonic() < give_up, f"produced requests never answered: {done}"
+            await asyncio.sleep(0.5)
+            done = await client.batches.retrieve(batch.id)
+        assert counts is not None and counts.total == 30 and 4 <= counts.completed < 30
+        assert done.output_file_id and done.error_file_id
+        ran = (await client.files.content(done.output_file_id)).text.splitlines()
+        never = (await client.files.content(done.error_file_id)).text.splitlines()
+        assert len(ran) == counts.completed and len(ran) + len(never) == 30
+        assert all(json.loads(e)["error"]["code"] == "batch_cancelled" for e in never)
 
 
 async def test_a_batch_a_dead_replica_left_is_submitted_by_another(
