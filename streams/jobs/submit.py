@@ -99,7 +99,11 @@ async def submit_file(
     the job's id, when the caller keeps one of its own (the gateway: one
     job per batch created, the same file twice is two jobs); unset, it
     comes from the tenant and the file, so the same file is the same job."""
-    parsed = parse_jsonl(data, settings.request_limits(), max_lines=settings.batch.max_lines)
+    # A thread: 50,000 lines take seconds to check, and the caller's loop may
+    # serve others meanwhile (the gateway submits batches in its own process).
+    parsed = await asyncio.to_thread(
+        parse_jsonl, data, settings.request_limits(), max_lines=settings.batch.max_lines
+    )
     if parsed.errors and not skip_invalid:
         raise InvalidBatchFile(parsed)
     job_id = job_id or job_id_for(tenant, parsed.content_sha256)
