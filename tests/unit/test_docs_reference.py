@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic_settings import BaseSettings
+
+from schemas.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "hooks"))
@@ -18,6 +21,15 @@ from reference.cli_page import _build_parser, cli_page, commands  # noqa: E402
 from reference.metrics_page import metric_rows, metrics_page  # noqa: E402
 from reference.settings_page import MISSING, settings_page, settings_rows  # noqa: E402
 from reference.wire_page import wire_page  # noqa: E402
+
+
+def _settings_classes(cls: type[BaseSettings]) -> list[type[BaseSettings]]:
+    found = [cls]
+    for field in cls.model_fields.values():
+        factory = field.default_factory
+        if isinstance(factory, type) and issubclass(factory, BaseSettings):
+            found += _settings_classes(factory)
+    return found
 
 
 def test_settings_page_lists_every_variable_with_its_default_and_meaning() -> None:
@@ -33,6 +45,15 @@ def test_settings_page_lists_every_variable_with_its_default_and_meaning() -> No
     assert rows["LANEWAY_REALTIME_MAX_BATCH_SIZE"].default == "`2`"
     assert rows["LANEWAY_BULK_MAX_BATCH_SIZE"].default == "`32`"
     assert rows["LANEWAY_KAFKA_PARTITIONS"].type == "int (≥ 1)"
+    # A field read by an alias (OpenTelemetry's own variables) is listed by it.
+    aliased = [
+        str(field.validation_alias).upper()
+        for cls in _settings_classes(Settings)
+        for field in cls.model_fields.values()
+        if isinstance(field.validation_alias, str)
+    ]
+    for variable in aliased:
+        assert variable in rows
     missing = [row for row in rows.values() if row.description is None]
     if missing:
         assert MISSING in page and f"{len(missing)} of {len(rows)} variables" in page

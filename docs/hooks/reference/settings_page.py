@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import annotated_types
-from pydantic import BaseModel
+from pydantic import AliasChoices, BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 from pydantic_settings import BaseSettings
@@ -114,6 +114,17 @@ def _settings_class(field: FieldInfo) -> type[BaseSettings] | None:
     return None
 
 
+def _variable(prefix: str, name: str, field: FieldInfo) -> str:
+    """The environment variable a field reads: its prefix and name, or the alias it
+    is read by instead (pydantic-settings reads an alias without the prefix)."""
+    alias = field.validation_alias
+    if isinstance(alias, str):
+        return alias.upper()
+    if isinstance(alias, AliasChoices):
+        return " or ".join(str(choice).upper() for choice in alias.choices)
+    return f"{prefix}{name.upper()}"
+
+
 def settings_rows(cls: type[BaseSettings] = Settings) -> Iterator[SettingRow]:
     """Every variable of ``cls`` and of the sub-settings it is built from, in order."""
     prefix = str(cls.model_config.get("env_prefix", ""))
@@ -127,7 +138,7 @@ def settings_rows(cls: type[BaseSettings] = Settings) -> Iterator[SettingRow]:
         description = field.description or docs.get(name)
         yield SettingRow(
             group=prefix,
-            variable=f"{prefix}{name.upper()}",
+            variable=_variable(prefix, name, field),
             type=_type_name(field.annotation) + _constraints(field),
             default=_default(field),
             description=description,
