@@ -74,6 +74,8 @@ def _type_name(annotation: Any) -> str:
         return f"{getattr(origin, '__name__', str(origin))}[{args}]"
     if annotation is type(None):
         return "null"
+    if annotation is Ellipsis:
+        return "..."
     return getattr(annotation, "__name__", str(annotation))
 
 
