@@ -133,8 +133,9 @@ def plot_series(names: list[str], runs: list[BenchmarkRun]) -> bytes:
                     label = run.cpu_short + _variant(run, runs)
                     if len(names) > 1:
                         label = f"{curve['y']}, {label}"
-                    xs = [x for x, _ in curve["points"]]
-                    ys = [y for _, y in curve["points"]]
+                    points = [(x, y) for x, y in curve["points"] if x is not None and y is not None]
+                    xs = [x for x, _ in points]
+                    ys = [y for _, y in points]
                     axes.plot(xs, ys, marker="o", label=label)
             x_unit, y_unit = first["x_unit"], first["y_unit"]
             axes.set_xlabel(f"{first['x']} ({x_unit})" if x_unit else first["x"])
