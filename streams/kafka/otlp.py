@@ -14,8 +14,9 @@ variables, ``TracingSettings``) the process's ``TracerProvider`` has a
 ``BatchSpanProcessor`` in front of the OTLP/HTTP protobuf exporter. Its
 sampler follows the parent: a trace started here or sampled upstream (flag
 bit 0) is exported, an unsampled one is carried and never recorded.
-Without an endpoint spans are started all the same (their ids are the ones
-the records carry) and nothing records or exports them.
+Without an endpoint each record still gets a child context of its own (its
+span id is the one the records carry), but no SDK span is made and nothing
+is recorded.
 
 Fail-open: the processor's queue is bounded (``queue_size``; full, the
 oldest spans go), its own thread exports every ``flush_interval_s`` or as
@@ -37,12 +38,22 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    get_current_span,
+)
 from prometheus_client import Counter
 
 from schemas.settings import TracingSettings
@@ -178,15 +189,29 @@ class RecordSpans:
     def start(self, record: TracedRecord, start_ns: int | None = None) -> Span:
         """The span of processing ``record`` from ``start_ns`` (default now):
         a child of its headers' trace context, or a new sampled trace."""
+        parent = extract(record.headers)
+        if not self.exporting:
+            return self._carried(parent)
         return self._tracer.start_span(
             span_name(record.topic),
-            extract(record.headers),
+            parent,
             kind=SpanKind.CONSUMER,
-            attributes=record_attributes(record.topic, record.partition, record.offset, self.group)
-            if self.exporting
-            else None,
+            attributes=record_attributes(record.topic, record.partition, record.offset, self.group),
             start_time=start_ns,
         )
+
+    def _carried(self, parent: Context) -> Span:
+        """Without an endpoint nothing is recorded, so no SDK span is made:
+        only the context the tracer's sampler would give it (the parent's
+        trace, flags and state with a new span id, or a new sampled trace),
+        for about half the CPU of an SDK span on the classifier's hot path."""
+        ids = self.provider.id_generator
+        context = get_current_span(parent).get_span_context()
+        if context.is_valid:
+            trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
+        else:
+            trace_id, flags, state = ids.generate_trace_id(), TraceFlags(TraceFlags.SAMPLED), None
+        return NonRecordingSpan(SpanContext(trace_id, ids.generate_span_id(), False, flags, state))
 
     def finish(self, ended: Iterable[Ended], end_ns: int | None = None) -> None:
         """End each span with what became of its record, at ``end_ns``
