@@ -708,8 +708,9 @@ class GatewaySettings(BaseSettings):
 
 
 class TracingSettings(BaseSettings):
-    """Export of laneway's trace spans over OTLP/HTTP (``streams.kafka.otlp``):
-    off, nothing recorded, unless an endpoint is configured."""
+    """Export of laneway's trace spans over OTLP/HTTP (``streams.kafka.otlp``,
+    on OpenTelemetry's SDK): off, nothing recorded, unless an endpoint is
+    configured (the trace context is carried on the records either way)."""
 
     model_config = _config("LANEWAY_TRACING_")
 
@@ -725,11 +726,12 @@ class TracingSettings(BaseSettings):
     """Stem of each process's ``service.name``: ``laneway-classifier``,
     ``laneway-worker-realtime``, ..."""
     queue_size: int = Field(default=2048, ge=1)
-    """Spans waiting for export at most; more are dropped (and counted)."""
+    """Spans waiting for export at most; past it the oldest are dropped."""
     flush_interval_s: float = Field(default=1.0, gt=0)
     """How often queued spans are sent (at once when 512 wait)."""
     export_timeout_s: float = Field(default=3.0, gt=0)
-    """Longest one export may take; also the bound of the last flush at shutdown."""
+    """Longest one export may take, its retries of a transient failure included;
+    also the bound of the last flush at shutdown."""
 
     @property
     def traces_url(self) -> str | None:

@@ -43,9 +43,9 @@ from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.classify.registry import load_registry, worker_paths
 from streams.kafka.envelopes import Outbound, deliver
-from streams.kafka.otlp import exporter_for
-from streams.kafka.spans import handled_records, lane_outcomes
-from streams.kafka.tracing import Traces, child_trace, header, traced
+from streams.kafka.otlp import spans_for
+from streams.kafka.spans import UNREADABLE, lane_outcomes
+from streams.kafka.tracing import Traces, trace_headers, traced
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
 from streams.stores.backlog import BacklogBoard, DrainRate
 from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
@@ -150,8 +150,8 @@ class LaneWorker:
         self.relay: RetryRelay | None = None
         self.topic = settings.lane_topic(lane)
         self.group = f"{settings.app_id}.worker.{lane}"
-        self.spans = exporter_for(settings.tracing, f"worker-{lane}")
-        """Exports a span per lane record settled (``None``: no OTLP endpoint)."""
+        self.spans = spans_for(settings.tracing, f"worker-{lane}", self.group)
+        """A span per lane record settled (exported with an OTLP endpoint)."""
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
         """A batch started or ended (or the worker is stopping): report now."""
@@ -414,8 +414,10 @@ class LaneWorker:
         outbound: list[Outbound] = []
         batch: list[tuple[RecordKey, RoutedRequest]] = []
         # Every record produced for a lane record carries a child of its traceparent.
-        contexts = {(r.topic, r.partition, r.offset): child_trace(r.headers) for r in records}
-        traces: Traces = {coords: header(own) for coords, (_, own) in contexts.items()}
+        contexts = {
+            (r.topic, r.partition, r.offset): self.spans.start(r, taken_ns) for r in records
+        }
+        traces: Traces = {coords: trace_headers(span) for coords, span in contexts.items()}
         for record in records:
             try:
                 routed = RoutedRequest.model_validate_json(record.value or b"")
@@ -479,11 +481,10 @@ class LaneWorker:
         if self.store is not None:
             await self.store.put_many([(key, result) for key, _, result in answers])
         await self._produce(outbound)
-        if self.spans is not None:  # one span per lane record (streams.kafka.otlp)
+        if self.spans.exporting:  # one span per lane record (streams.kafka.otlp)
             results = [(key, result) for key, _, result in answers + replayed]
             ends = lane_outcomes(batch, results, [*parked, *parked_before])
-            spans = handled_records(records, contexts, ends)
-            self.spans.processed(spans, group=self.group, start_ns=taken_ns)
+            self.spans.finish((span, ends.get(c, UNREADABLE)) for c, span in contexts.items())
         if self.store is not None:
             # Only once the retry records are acknowledged: a crash before this
             # parks them again on redelivery, a duplicate rather than a loss.
@@ -580,8 +581,7 @@ class LaneWorker:
         await self.executor.close()
         if self.store is not None:
             await self.store.close()
-        if self.spans is not None:
-            await self.spans.aclose()  # what is queued, within the export timeout
+        await self.spans.aclose()  # what is queued, within the export timeout
 
 
 def _path_card(path: AnswerPath, slot: BackendSlot) -> PathCard:

@@ -62,9 +62,9 @@ from streams.kafka.batches import BatchSend
 from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.faust_transport import new_app, raw_sender
 from streams.kafka.intake import Intake, Taken
-from streams.kafka.otlp import exporter_for
-from streams.kafka.spans import Handled, classified_outcome
-from streams.kafka.tracing import child_trace, header, traced
+from streams.kafka.otlp import Ended, spans_for
+from streams.kafka.spans import classified_outcome
+from streams.kafka.tracing import trace_headers, traced
 from streams.ops import (
     BACKLOG,
     FLOW_LEVEL,
@@ -163,7 +163,7 @@ def build_app(
     produce = batch_sender(app)
     take = settings.classifier
     warm = {"assigned": False, "loaded": False}
-    spans = exporter_for(settings.tracing, "classifier")  # None: no OTLP endpoint
+    spans = spans_for(settings.tracing, "classifier", settings.app_id)  # exported: an endpoint
 
     def _ready() -> None:
         """Ready once partitions are assigned and the embedder is loaded."""
@@ -203,15 +203,15 @@ def build_app(
                 async for wave in waves:
                     outcomes = [classified for _, classified in wave]
                     # Each request's records carry a child of its traceparent (or a new trace).
-                    trace = {i: child_trace(records[i].headers) for i, _ in wave}
-                    out = [r for i, c in wave for r in traced(c.records, header(trace[i][1]))]
+                    trace = {i: spans.start(records[i], taken_ns) for i, _ in wave}
+                    out = [r for i, c in wave for r in traced(c.records, trace_headers(trace[i]))]
                     handled = (
-                        [Handled.of(records[i], trace[i], classified_outcome(c)) for i, c in wave]
-                        if spans is not None
+                        [(trace[i], classified_outcome(c)) for i, c in wave]
+                        if spans.exporting
                         else []
                     )
                     await pipeline.wait()  # one batch in flight at most, and its errors surface
-                    wave_done = partial(settle, outcomes, out, handled, taken_ns)
+                    wave_done = partial(settle, outcomes, out, handled)
                     pipeline.chain(wave_done, wave_keys(records, wave))
                     done += len(wave)
                     if done < len(records):  # another wave: it reads what this one wrote
@@ -225,17 +225,13 @@ def build_app(
     async def _drain(sender: Any, **kwargs: Any) -> None:
         """Stop taking, let the batches in flight finish, commit, leave the group."""
         await intake.stop()
-        if spans is not None:
-            await spans.aclose()  # what is queued, within the export timeout
+        await spans.aclose()  # what is queued, within the export timeout
 
-    async def settle(
-        outcomes: list[Classified], out: list[Outbound], handled: list[Handled], taken_ns: int
-    ) -> None:
-        """Produce a wave's records (``out``) and wait for every ack; then its
-        spans (taken at ``taken_ns``), sessions and metrics."""
+    async def settle(outcomes: list[Classified], out: list[Outbound], handled: list[Ended]) -> None:
+        """Produce a wave's records (``out``) and wait for every ack; then end
+        its spans, and keep its sessions and metrics."""
         await deliver(out, produce, settings)
-        if spans is not None:
-            spans.processed(handled, group=settings.app_id, start_ns=taken_ns)
+        spans.finish(handled)
         await lookups.remember(outcomes)
         observe_outcomes(outcomes)
 

@@ -1,305 +1,319 @@
-"""laneway's trace spans, exported over OTLP/HTTP when an endpoint is set.
+"""laneway's trace spans on OpenTelemetry's SDK, exported over OTLP/HTTP
+when an endpoint is set.
 
-Each process that handles a request puts a child of the consumed record's
-``traceparent`` on everything it produces for it (``streams.kafka.tracing``).
-That child is this process's span: with ``LANEWAY_TRACING_OTLP_ENDPOINT``
-(or the standard ``OTEL_EXPORTER_OTLP_*`` variables, ``TracingSettings``)
-it is also recorded (``streams.kafka.spans``: one per consumed record, as
-OpenTelemetry's messaging conventions name and describe it) and exported.
-Only sampled traces (flag bit 0) are recorded; the header itself is
-carried either way.
+One ``RecordSpans`` per process: ``start`` opens a CONSUMER span for a
+consumed record, a child of the context its headers carry
+(``streams.kafka.tracing``) or the root of a new trace; the process puts
+``trace_headers(span)`` on everything it produces for the record, then
+``finish`` closes the span with what became of the record
+(``streams.kafka.spans``). So the span id a record carries is the id of a
+span its producer exports.
 
-The exporter (``SpanExporter``) is fail-open: spans wait in a bounded queue
-(full: the newest are dropped and counted) and a thread of its own sends
-them, as a protobuf ``ExportTraceServiceRequest``, every
-``flush_interval_s`` or as soon as ``MAX_BATCH`` wait. A collector that
-fails is logged once per outage; its spans are counted and lost, never
-retried beyond the next flush, and request processing never waits on it.
-At shutdown what is queued gets one last flush, bounded by
-``export_timeout_s``. Without an endpoint there is no exporter at all
-(``exporter_for`` returns ``None``) and nothing is recorded.
+With ``LANEWAY_TRACING_OTLP_ENDPOINT`` (or the standard ``OTEL_EXPORTER_OTLP_*``
+variables, ``TracingSettings``) the process's ``TracerProvider`` has a
+``BatchSpanProcessor`` in front of the OTLP/HTTP protobuf exporter. Its
+sampler follows the parent: a trace started here or sampled upstream (flag
+bit 0) is exported, an unsampled one is carried and never recorded.
+Without an endpoint each record still gets a child context of its own (its
+span id is the one the records carry), but no SDK span is made and nothing
+is recorded.
+
+Fail-open: the processor's queue is bounded (``queue_size``; full, the
+oldest spans go), its own thread exports every ``flush_interval_s`` or as
+soon as a batch waits, one export (retries of a transient failure
+included) takes at most ``export_timeout_s``, and a failed one is counted
+and logged once per outage. ``finish`` never waits on the collector. At
+shutdown what is queued gets one last flush, bounded by
+``export_timeout_s``; what is left then is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import importlib.metadata
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
-import httpx
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    get_current_span,
+)
 from prometheus_client import Counter
 
 from schemas.settings import TracingSettings
-from streams.kafka.spans import Attribute, FinishedSpan, Handled, process_span
+from streams.kafka.spans import Outcome, outcome_attributes, record_attributes, span_name
+from streams.kafka.tracing import Headers, extract
 
-if TYPE_CHECKING:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-__all__ = ["MAX_BATCH", "SPANS", "SpanExporter", "export_request", "exporter_for", "resource"]
+__all__ = [
+    "MAX_BATCH",
+    "SPANS",
+    "CountedExporter",
+    "Ended",
+    "RecordSpans",
+    "TracedRecord",
+    "resource",
+    "spans_for",
+]
 
 log = logging.getLogger(__name__)
 
 SPANS = Counter(
     "laneway_trace_spans_total",
-    "Trace spans given to the OTLP exporter, by what became of them: exported, "
-    "dropped (the queue was full) or failed (the collector refused them or could not be reached)",
+    "Trace spans the OTLP exporter was given, by what became of them: exported, "
+    "or failed (the collector refused them or could not be reached in time)",
     ["outcome"],
 )
 
 MAX_BATCH = 512
 """Spans sent in one export; this many waiting are sent without waiting for the interval."""
 
-CONTENT_TYPE = "application/x-protobuf"
+_SDK_LOGGERS = (
+    "opentelemetry.sdk._shared_internal",  # the batch processor: "Queue full, dropping Span."
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",  # each failed export
+)
 
 
-def resource(service_name: str, instance_id: str | None = None) -> dict[str, str]:
-    """The resource attributes of one process's spans."""
-    try:
-        version = importlib.metadata.version("laneway")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    return {
-        "service.name": service_name,
-        "service.instance.id": instance_id or str(uuid.uuid4()),
-        "service.version": version,
-    }
+Ended = tuple[Span, Outcome]
+"""A record's span and what became of the record: ``RecordSpans.finish`` ends it."""
 
 
-def export_request(
-    spans: Sequence[FinishedSpan], attributes: Mapping[str, str]
-) -> ExportTraceServiceRequest:
-    """``spans`` of one process (resource ``attributes``) as OTLP's protobuf message."""
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
+class TracedRecord(Protocol):
+    """What a span is started from: a consumed record (aiokafka's, or the
+    classifier's ``SourceRecord``)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def headers(self) -> Headers: ...
+
+
+def resource(service_name: str, instance_id: str | None = None) -> Resource:
+    """The resource of one process's spans (with the SDK's own attributes
+    and any ``OTEL_RESOURCE_ATTRIBUTES``; these three win)."""
+    return Resource.create(
+        {
+            "service.name": service_name,
+            "service.instance.id": instance_id or str(uuid.uuid4()),
+            "service.version": _version(),
+        }
     )
-    from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-    pb_spans = [
-        Span(
-            trace_id=bytes.fromhex(s.trace_id),
-            span_id=bytes.fromhex(s.span_id),
-            parent_span_id=bytes.fromhex(s.parent_span_id),
-            name=s.name,
-            kind=Span.SpanKind.SPAN_KIND_CONSUMER,
-            start_time_unix_nano=s.start_ns,
-            end_time_unix_nano=s.end_ns,
-            attributes=[_key_value(k, v) for k, v in s.attributes],
-            status=Status(code=Status.StatusCode.STATUS_CODE_ERROR, message=s.error)
-            if s.error is not None
-            else None,
-        )
-        for s in spans
-    ]
-    scope = InstrumentationScope(name="laneway", version=attributes.get("service.version", ""))
-    return ExportTraceServiceRequest(
-        resource_spans=[
-            ResourceSpans(
-                resource=Resource(attributes=[_key_value(k, v) for k, v in attributes.items()]),
-                scope_spans=[ScopeSpans(scope=scope, spans=pb_spans)],
+
+class CountedExporter(SpanExporter):
+    """An exporter (the OTLP one) whose exports are counted in ``SPANS``,
+    and whose failures are logged once per outage and never raised."""
+
+    def __init__(self, inner: SpanExporter, url: str) -> None:
+        self.inner = inner
+        self.url = url
+        self.failing = False
+        """The last export failed: an outage, logged once."""
+        self._closed = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+            error = "the collector refused them or did not answer in time"
+        except Exception as exc:  # fail-open: never the request path's problem
+            result, error = SpanExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
+        if result is SpanExportResult.SUCCESS:
+            SPANS.labels("exported").inc(len(spans))
+            if self.failing:
+                self.failing = False
+                log.info("OTLP export to %s answers again", self.url)
+            return result
+        SPANS.labels("failed").inc(len(spans))
+        if not self.failing:
+            self.failing = True
+            log.warning(
+                "OTLP export to %s failed (%s); spans are dropped until it answers",
+                self.url,
+                error,
             )
-        ]
-    )
+        return result
+
+    def shutdown(self) -> None:
+        """Close the inner exporter (once): a retry it waits on stops."""
+        if not self._closed.is_set():
+            self._closed.set()
+            self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
 
 
-class SpanExporter:
-    """Queues one process's finished spans and sends them to ``url`` from a
-    daemon thread of its own (started with the first span)."""
+class RecordSpans:
+    """One process's spans: one per consumed record it settles (see the
+    module docstring)."""
 
     def __init__(
         self,
-        url: str,
-        attributes: Mapping[str, str],
+        provider: TracerProvider,
+        group: str,
         *,
-        queue_size: int = 2048,
-        flush_interval_s: float = 1.0,
-        timeout_s: float = 3.0,
-        max_batch: int = MAX_BATCH,
+        exporter: CountedExporter | None = None,
+        close_timeout_s: float = 3.0,
     ) -> None:
-        self.url = url
-        self.attributes = dict(attributes)
-        self._queue_size = queue_size
-        self._interval_s = flush_interval_s
-        self._timeout_s = timeout_s
-        self._max_batch = max_batch
-        self._queue: collections.deque[FinishedSpan] = collections.deque()
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._last_flush_by = 0.0
-        """``time.monotonic`` by which the last flush (``close``) gives up."""
-        self._transport: httpx.HTTPTransport | None = None
-        """Its connection pool. Requests go to the transport itself: an
-        ``httpx.Client`` logs each one at INFO, once a second per process."""
-        self.failing = False
-        """The last export failed: an outage, logged once."""
-
-    def processed(
-        self, handled: Iterable[Handled], *, group: str, start_ns: int, end_ns: int | None = None
-    ) -> None:
-        """Record a span for each sampled one of ``handled`` (read by consumer
-        ``group`` from ``start_ns`` to ``end_ns``, default now)."""
-        end = time.time_ns() if end_ns is None else end_ns
-        for item in handled:
-            if item.own.sampled:
-                self.record(process_span(item, group=group, start_ns=start_ns, end_ns=end))
-
-    def record(self, span: FinishedSpan) -> bool:
-        """Queue ``span``; ``False`` (dropped, counted) when the queue is full
-        or the exporter closed."""
-        if self._stopping.is_set() or len(self._queue) >= self._queue_size:
-            SPANS.labels("dropped").inc()
-            return False
-        self._queue.append(span)
-        if self._thread is None:
-            self._start()
-        if len(self._queue) >= self._max_batch:
-            self._wake.set()
-        return True
+        self.provider = provider
+        self.group = group
+        """The consumer group the records are read by (an attribute of each span)."""
+        self.exporter = exporter
+        """``None``: no endpoint, nothing is exported."""
+        self._close_timeout_s = close_timeout_s
+        self._tracer = provider.get_tracer("laneway", _version())
 
     @property
-    def queued(self) -> int:
-        return len(self._queue)
+    def exporting(self) -> bool:
+        return self.exporter is not None
 
-    def flush(self, deadline: float | None = None) -> int:
-        """Send what is queued now, ``MAX_BATCH`` at a time, until the queue
-        is empty, an export fails, or ``deadline`` (``time.monotonic``)
-        passes; returns the spans exported. Called from the exporter's
-        thread (and by tests)."""
-        exported = 0
-        while self._queue and (deadline is None or time.monotonic() < deadline):
-            batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
-            if not self._post(batch):
-                break
-            exported += len(batch)
-        return exported
+    def start(self, record: TracedRecord, start_ns: int | None = None) -> Span:
+        """The span of processing ``record`` from ``start_ns`` (default now):
+        a child of its headers' trace context, or a new sampled trace."""
+        parent = extract(record.headers)
+        if not self.exporting:
+            return self._carried(parent)
+        return self._tracer.start_span(
+            span_name(record.topic),
+            parent,
+            kind=SpanKind.CONSUMER,
+            attributes=record_attributes(record.topic, record.partition, record.offset, self.group),
+            start_time=start_ns,
+        )
+
+    def _carried(self, parent: Context) -> Span:
+        """Without an endpoint nothing is recorded, so no SDK span is made:
+        only the context the tracer's sampler would give it (the parent's
+        trace, flags and state with a new span id, or a new sampled trace),
+        for about half the CPU of an SDK span on the classifier's hot path."""
+        ids = self.provider.id_generator
+        context = get_current_span(parent).get_span_context()
+        if context.is_valid:
+            trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
+        else:
+            trace_id, flags, state = ids.generate_trace_id(), TraceFlags(TraceFlags.SAMPLED), None
+        return NonRecordingSpan(SpanContext(trace_id, ids.generate_span_id(), False, flags, state))
+
+    def finish(self, ended: Iterable[Ended], end_ns: int | None = None) -> None:
+        """End each span with what became of its record, at ``end_ns``
+        (default now; never before it started). Only a recorded span, with
+        an endpoint, is queued for export; this never waits on the collector."""
+        if not self.exporting:
+            return
+        end = time.time_ns() if end_ns is None else end_ns
+        for span, outcome in ended:
+            if not span.is_recording():  # an unsampled trace
+                continue
+            span.set_attributes(outcome_attributes(outcome))
+            if outcome.status == "error":
+                span.set_status(Status(StatusCode.ERROR, outcome.error_code or "error"))
+            started = span.start_time if isinstance(span, ReadableSpan) else None
+            span.end(end_time=max(end, started or end))
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Stop taking spans, flush what is queued (within ``timeout_s``,
-        default the export timeout) and stop the thread. What is left then
-        is counted as dropped."""
-        timeout = self._timeout_s if timeout_s is None else timeout_s
-        self._last_flush_by = time.monotonic() + timeout
-        self._stopping.set()
-        self._wake.set()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout=timeout + 0.5)
-        elif self._queue:
-            self.flush(self._last_flush_by)
-        left = len(self._queue)
-        if left and (thread is None or not thread.is_alive()):
-            self._queue.clear()
-            SPANS.labels("dropped").inc(left)
-        self._close_transport()
+        """Stop, with one last flush of what is queued, for at most
+        ``timeout_s`` (default the export timeout): what is left then is
+        dropped, and the exporter stops retrying."""
+        timeout = self._close_timeout_s if timeout_s is None else timeout_s
+        stopping = threading.Thread(
+            target=self.provider.shutdown, name="laneway-otlp-shutdown", daemon=True
+        )
+        stopping.start()
+        stopping.join(timeout)
+        if stopping.is_alive():
+            log.warning(
+                "OTLP: the last flush took over %.1fs; what it had not sent is lost", timeout
+            )
+            if self.exporter is not None:
+                self.exporter.shutdown()
 
     async def aclose(self, timeout_s: float | None = None) -> None:
         """``close`` off the event loop."""
         await asyncio.to_thread(self.close, timeout_s)
 
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is None and not self._stopping.is_set():
-                self._thread = threading.Thread(target=self._run, name="laneway-otlp", daemon=True)
-                self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            self._wake.wait(self._interval_s)
-            self._wake.clear()
-            if self._stopping.is_set():
-                break
-            self.flush()
-        self.flush(self._last_flush_by)  # the last flush, bounded by close()
-
-    def _post(self, batch: list[FinishedSpan]) -> bool:
-        try:
-            status = self._send(export_request(batch, self.attributes).SerializeToString())
-            if not 200 <= status < 300:
-                raise RuntimeError(f"the collector answered HTTP {status}")
-        except Exception as exc:  # fail-open: never the request path's problem
-            SPANS.labels("failed").inc(len(batch))
-            if self.failing:
-                log.debug("OTLP export to %s still failing: %s", self.url, exc)
-            else:
-                self.failing = True
-                log.warning(
-                    "OTLP export to %s failed (%s: %s); spans are dropped until it answers",
-                    self.url,
-                    type(exc).__name__,
-                    exc,
-                )
-            return False
-        SPANS.labels("exported").inc(len(batch))
-        if self.failing:
-            self.failing = False
-            log.info("OTLP export to %s answers again", self.url)
-        return True
-
-    def _send(self, body: bytes) -> int:
-        """POST one export; its HTTP status."""
-        if self._transport is None:
-            self._transport = httpx.HTTPTransport()
-        request = httpx.Request(
-            "POST",
-            self.url,
-            content=body,
-            headers={"Content-Type": CONTENT_TYPE},
-            extensions={"timeout": httpx.Timeout(self._timeout_s).as_dict()},
-        )
-        response = self._transport.handle_request(request)
-        try:
-            response.read()
-        finally:
-            response.close()
-        return response.status_code
-
-    def _close_transport(self) -> None:
-        transport, self._transport = self._transport, None
-        if transport is not None and (self._thread is None or not self._thread.is_alive()):
-            transport.close()
-
-
-def exporter_for(settings: TracingSettings, component: str) -> SpanExporter | None:
-    """The exporter of a process (``service.name`` ``<service_name>-<component>``),
-    or ``None`` when no endpoint is configured: then nothing is recorded."""
+def spans_for(settings: TracingSettings, component: str, group: str) -> RecordSpans:
+    """The spans of a process (``service.name`` ``<service_name>-<component>``)
+    reading as consumer ``group``; exported when an endpoint is configured."""
+    provider = TracerProvider(
+        sampler=ParentBased(ALWAYS_ON),
+        resource=resource(f"{settings.service_name}-{component}"),
+        shutdown_on_exit=False,  # closed by its process, within its timeout
+    )
     url = settings.traces_url
     if url is None:
-        return None
-    return SpanExporter(
-        url,
-        resource(f"{settings.service_name}-{component}"),
-        queue_size=settings.queue_size,
-        flush_interval_s=settings.flush_interval_s,
-        timeout_s=settings.export_timeout_s,
+        return RecordSpans(provider, group, close_timeout_s=settings.export_timeout_s)
+    _quiet_sdk_logs()
+    exporter = CountedExporter(
+        OTLPSpanExporter(endpoint=url, timeout=settings.export_timeout_s), url
+    )
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            exporter,
+            max_queue_size=settings.queue_size,
+            schedule_delay_millis=settings.flush_interval_s * 1000,
+            max_export_batch_size=min(MAX_BATCH, settings.queue_size),
+            export_timeout_millis=settings.export_timeout_s * 1000,
+        )
+    )
+    return RecordSpans(
+        provider, group, exporter=exporter, close_timeout_s=settings.export_timeout_s
     )
 
 
-def _key_value(key: str, value: Attribute) -> Any:
-    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+class _OncePerInterval(logging.Filter):
+    """Lets each message of a logger through once per ``interval_s``: the
+    SDK logs every failed export, and every span a full queue drops, which
+    an outage turns into a flood (``CountedExporter`` says it once)."""
 
-    return KeyValue(key=key, value=_any_value(value))
+    def __init__(self, interval_s: float = 60.0) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self._last: dict[tuple[str, object], float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.msg)
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.interval_s:
+                return False
+            self._last[key] = now
+        return True
 
 
-def _any_value(value: Attribute) -> Any:
-    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
+_ONCE = _OncePerInterval()
 
-    if isinstance(value, bool):
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, float):
-        return AnyValue(double_value=value)
-    if isinstance(value, tuple):
-        return AnyValue(array_value=ArrayValue(values=[_any_value(v) for v in value]))
-    return AnyValue(string_value=value)
+
+def _quiet_sdk_logs() -> None:
+    for name in _SDK_LOGGERS:
+        logger = logging.getLogger(name)
+        if _ONCE not in logger.filters:
+            logger.addFilter(_ONCE)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("laneway")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

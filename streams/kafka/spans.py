@@ -1,34 +1,31 @@
-"""What laneway records of a trace span: one per consumed record a process
-settles, with the ids of its ``traceparent`` (``streams.kafka.tracing``),
-named and described as OpenTelemetry's messaging conventions have it
-(``process <topic>``, kind CONSUMER, ``messaging.*`` attributes) plus
-laneway's own (``laneway.request.id``, ``.lane``, ``.path``, ``.status``,
-``.error_code``) and, for a terminal result, the GenAI conventions'
-(``gen_ai.*``: ``gen_ai_attributes``). Pure data; ``streams.kafka.otlp``
-exports them.
+"""What laneway says of a trace span: one per consumed record a process
+settles (started and exported by ``streams.kafka.otlp``), named and
+described as OpenTelemetry's messaging conventions have it (``process
+<topic>``, kind CONSUMER, ``messaging.*`` attributes: ``record_attributes``)
+plus laneway's own (``laneway.request.id``, ``.lane``, ``.path``,
+``.status``, ``.error_code``) and, for a terminal result, the GenAI
+conventions' (``gen_ai.*``: ``gen_ai_attributes``), both from the record's
+``Outcome`` (``outcome_attributes``). Pure functions, no broker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas.messages import InferenceRequest, InferenceResult, RoutedRequest
-from streams.kafka.envelopes import ConsumedRecord
-from streams.kafka.tracing import TraceParent
 
 __all__ = [
     "UNREADABLE",
     "Attribute",
-    "FinishedSpan",
-    "Handled",
     "Outcome",
     "classified_outcome",
     "gen_ai_attributes",
-    "handled_records",
     "lane_outcomes",
-    "process_span",
+    "outcome_attributes",
+    "record_attributes",
+    "span_name",
 ]
 
 Coords = tuple[str, int, int]
@@ -162,72 +159,29 @@ def lane_outcomes(
     return outcomes
 
 
-@dataclass(frozen=True, slots=True)
-class Handled:
-    """One consumed record, its trace context and what became of it: a span
-    once what was produced for it is acknowledged."""
-
-    topic: str
-    partition: int
-    offset: int
-    parent: TraceParent | None
-    """The ``traceparent`` the record carried (``None``: none or invalid)."""
-    own: TraceParent
-    """The child written on what was produced for it: this span."""
-    outcome: Outcome
-
-    @classmethod
-    def of(
-        cls, record: ConsumedRecord, trace: tuple[TraceParent | None, TraceParent], outcome: Outcome
-    ) -> Handled:
-        """``trace``: ``streams.kafka.tracing.child_trace`` of its headers."""
-        return cls(record.topic, record.partition, record.offset, *trace, outcome)
+def span_name(topic: str) -> str:
+    """The span of processing a record of ``topic`` (messaging conventions)."""
+    return f"process {topic}"
 
 
-def handled_records(
-    records: Iterable[ConsumedRecord],
-    traces: Mapping[Coords, tuple[TraceParent | None, TraceParent]],
-    outcomes: Mapping[Coords, Outcome],
-    default: Outcome = UNREADABLE,
-) -> list[Handled]:
-    """``records`` with their trace context and outcome (``default`` when
-    ``outcomes`` has none), both by topic, partition and offset."""
-    items = []
-    for record in records:
-        coords = (record.topic, record.partition, record.offset)
-        items.append(Handled.of(record, traces[coords], outcomes.get(coords, default)))
-    return items
+def record_attributes(topic: str, partition: int, offset: int, group: str) -> dict[str, Attribute]:
+    """The messaging conventions' attributes of processing one record, read
+    by consumer ``group``."""
+    return {
+        "messaging.system": "kafka",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": topic,
+        "messaging.destination.partition.id": str(partition),
+        "messaging.kafka.offset": offset,
+        "messaging.consumer.group.name": group,
+    }
 
 
-@dataclass(frozen=True, slots=True)
-class FinishedSpan:
-    """One span as exported: ids in lowercase hex, times in ns since the epoch."""
-
-    trace_id: str
-    span_id: str
-    parent_span_id: str
-    """Empty when the process started the trace."""
-    name: str
-    start_ns: int
-    end_ns: int
-    attributes: tuple[tuple[str, Attribute], ...]
-    error: str | None = None
-    """Status ERROR with this message; ``None``: status unset."""
-
-
-def process_span(handled: Handled, *, group: str, start_ns: int, end_ns: int) -> FinishedSpan:
-    """The CONSUMER span of processing one record (messaging conventions:
-    named ``process <topic>``)."""
-    outcome = handled.outcome
-    attributes: list[tuple[str, Attribute]] = [
-        ("messaging.system", "kafka"),
-        ("messaging.operation.type", "process"),
-        ("messaging.operation.name", "process"),
-        ("messaging.destination.name", handled.topic),
-        ("messaging.destination.partition.id", str(handled.partition)),
-        ("messaging.kafka.offset", handled.offset),
-        ("messaging.consumer.group.name", group),
-    ]
+def outcome_attributes(outcome: Outcome) -> dict[str, Attribute]:
+    """laneway's attributes of what became of a record (those it knows),
+    then the GenAI ones of its answer."""
+    attributes: dict[str, Attribute] = {}
     for name, value in (
         ("laneway.request.id", outcome.request_id),
         ("laneway.lane", outcome.lane),
@@ -236,18 +190,9 @@ def process_span(handled: Handled, *, group: str, start_ns: int, end_ns: int) ->
         ("laneway.error_code", outcome.error_code),
     ):
         if value is not None:
-            attributes.append((name, value))
-    attributes += outcome.gen_ai
-    return FinishedSpan(
-        trace_id=handled.own.trace_id,
-        span_id=handled.own.span_id,
-        parent_span_id=handled.parent.span_id if handled.parent is not None else "",
-        name=f"process {handled.topic}",
-        start_ns=start_ns,
-        end_ns=max(start_ns, end_ns),
-        attributes=tuple(attributes),
-        error=(outcome.error_code or "error") if outcome.status == "error" else None,
-    )
+            attributes[name] = value
+    attributes.update(outcome.gen_ai)
+    return attributes
 
 
 def _coords(key: tuple[Any, ...]) -> Coords:

@@ -1,146 +1,102 @@
-"""W3C trace context on laneway's records (https://www.w3.org/TR/trace-context/).
+"""W3C trace context on laneway's Kafka records (https://www.w3.org/TR/trace-context/).
 
-A request record may carry a ``traceparent`` header; each process that
-handles the request (the classifier, then a lane worker) puts a *child* of
-the header it read on every record it produces for that request: the same
-trace id and flags, a new span id (the process's own step). A header that is
+A request record may carry ``traceparent`` and ``tracestate`` headers; each
+process that handles the request (the classifier, then a lane worker)
+starts a span of its own for the record (``streams.kafka.otlp``) and puts
+that span's context on every record it produces for the request: the same
+trace id, flags and ``tracestate``, its own span id. A header that is
 missing or invalid starts a new trace there; it never fails the request.
-Kafka header names are case-sensitive, the W3C ones are not: any spelling
-of ``traceparent`` is read, ``traceparent`` is written (as OpenTelemetry's
-Kafka instrumentation does). Pure functions, no broker.
+
+Reading and writing the headers is OpenTelemetry's
+``TraceContextTextMapPropagator``; this module only lets it read Kafka's
+header list (names are case-sensitive there, the W3C ones are not: any
+spelling is read, lowercase is written, as OpenTelemetry's Kafka
+instrumentation does) and puts what it writes on laneway's records.
 """
 
 from __future__ import annotations
 
-import re
-import secrets
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import Span, SpanContext, get_current_span, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from streams.kafka.envelopes import Outbound
 
 __all__ = [
     "TRACEPARENT",
-    "TraceParent",
+    "TRACESTATE",
+    "Headers",
+    "TraceHeaders",
     "Traces",
-    "child_header",
-    "child_of",
-    "child_trace",
-    "header",
-    "new_trace",
-    "parse",
+    "extract",
     "read",
+    "trace_headers",
     "traced",
 ]
 
 TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+_NAMES = frozenset((TRACEPARENT, TRACESTATE))
 
-_FIELDS = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
-_ZERO_TRACE = "0" * 32
-_ZERO_SPAN = "0" * 16
-SAMPLED = "01"
+Headers = Iterable[tuple[str, bytes | None]] | None
+"""A consumed record's headers, as aiokafka gives them."""
 
-Traces = Mapping[tuple[str, int, int], tuple[str, bytes]]
-"""The ``traceparent`` header to put on what is produced for each consumed
-record, by its topic, partition and offset."""
+TraceHeaders = tuple[tuple[str, bytes], ...]
+"""The trace context headers to put on a produced record: ``traceparent``,
+and ``tracestate`` when the trace has one."""
 
+Traces = Mapping[tuple[str, int, int], TraceHeaders]
+"""The trace headers to put on what is produced for each consumed record,
+by its topic, partition and offset."""
 
-@dataclass(frozen=True, slots=True)
-class TraceParent:
-    """One ``traceparent`` value: lowercase hex, as on the wire."""
-
-    trace_id: str
-    """32 hex digits, not all zero."""
-    span_id: str
-    """16 hex digits, not all zero: the span of whoever wrote the header."""
-    flags: str = SAMPLED
-    """2 hex digits; bit 0 is "sampled"."""
-
-    def format(self) -> str:
-        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
-
-    @property
-    def sampled(self) -> bool:
-        """Flag bit 0: the caller may have recorded it; exported spans are these."""
-        return int(self.flags, 16) & 1 == 1
-
-    def child(self) -> TraceParent:
-        """The same trace and flags, a new span id."""
-        return TraceParent(self.trace_id, _span_id(), self.flags)
+PROPAGATOR = TraceContextTextMapPropagator()
 
 
-def parse(value: str | bytes | None) -> TraceParent | None:
-    """The header's value, or ``None`` when it is not a valid one.
+class _KafkaHeaders(Getter[Sequence[tuple[str, bytes | None]]]):
+    """Reads a Kafka header list for the propagator: names in any case, values
+    as ASCII (a value that is not is as good as missing)."""
 
-    Version ``00`` must be exactly 55 characters; a later version (not
-    ``ff``) is read by its first four fields when it is that long or longer
-    with a ``-`` after them, as the recommendation asks. Hex is lowercase
-    only; an all-zero trace or parent id is invalid."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("ascii")
-        except UnicodeDecodeError:
-            return None
-    value = value.strip(" \t")
-    match = _FIELDS.match(value)
-    if match is None:
-        return None
-    version, trace_id, span_id, flags = match.groups()
-    if version == "ff" or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
-        return None
-    if version == "00" and len(value) != 55:
-        return None
-    if len(value) > 55 and value[55] != "-":
-        return None
-    return TraceParent(trace_id, span_id, flags)
+    def get(self, carrier: Sequence[tuple[str, bytes | None]], key: str) -> list[str] | None:
+        values = []
+        for name, value in carrier:
+            if value is not None and name.lower() == key:
+                try:
+                    values.append(value.decode("ascii"))
+                except UnicodeDecodeError:
+                    continue
+        return values or None
+
+    def keys(self, carrier: Sequence[tuple[str, bytes | None]]) -> list[str]:
+        return [name for name, _ in carrier]
 
 
-def read(headers: Iterable[tuple[str, bytes | None]] | None) -> TraceParent | None:
-    """The ``traceparent`` of a record's headers, if one is there and valid
-    (the first one when there are several)."""
-    for name, value in headers or ():
-        if name.lower() == TRACEPARENT:
-            return parse(value)
-    return None
+_GETTER = _KafkaHeaders()
 
 
-def new_trace() -> TraceParent:
-    """The start of a trace, sampled."""
-    return TraceParent(_trace_id(), _span_id(), SAMPLED)
+def extract(headers: Headers) -> Context:
+    """The context a record's headers carry, to start its span in: empty
+    when there is no valid ``traceparent`` (the span then starts a trace)."""
+    return PROPAGATOR.extract(list(headers or ()), getter=_GETTER)
 
 
-def child_of(headers: Iterable[tuple[str, bytes | None]] | None) -> TraceParent:
-    """The context for what a process produces from a record with ``headers``:
-    a child of its ``traceparent``, or a new trace when it has none (or an
-    invalid one)."""
-    parent = read(headers)
-    return parent.child() if parent is not None else new_trace()
+def read(headers: Headers) -> SpanContext | None:
+    """The valid trace context of a record's headers, if there is one."""
+    context = get_current_span(extract(headers)).get_span_context()
+    return context if context.is_valid else None
 
 
-def child_trace(
-    headers: Iterable[tuple[str, bytes | None]] | None,
-) -> tuple[TraceParent | None, TraceParent]:
-    """The ``traceparent`` read from ``headers`` (``None``: missing or
-    invalid) and ``child_of`` it: the parent of a process's span, and the
-    span itself (``streams.kafka.otlp`` exports it)."""
-    parent = read(headers)
-    return parent, parent.child() if parent is not None else new_trace()
+def trace_headers(span: Span) -> TraceHeaders:
+    """``span``'s context as the headers to put on the records produced."""
+    carrier: dict[str, str] = {}
+    PROPAGATOR.inject(carrier, set_span_in_context(span))
+    return tuple((name, value.encode("ascii")) for name, value in carrier.items())
 
 
-def header(trace: TraceParent) -> tuple[str, bytes]:
-    """``trace`` as the header to put on the records produced."""
-    return (TRACEPARENT, trace.format().encode())
-
-
-def child_header(headers: Iterable[tuple[str, bytes | None]] | None) -> tuple[str, bytes]:
-    """``child_of(headers)`` as the header to put on the records produced."""
-    return header(child_of(headers))
-
-
-def traced(records: Sequence[Outbound], header: tuple[str, bytes]) -> list[Outbound]:
-    """``records`` with ``header`` as their only ``traceparent``."""
+def traced(records: Sequence[Outbound], headers: TraceHeaders) -> list[Outbound]:
+    """``records`` with ``headers`` as their only trace context headers."""
     # Outbound by hand: dataclasses.replace costs a few us a record, and
     # the classifier's hot path traces three records per answer.
     return [
@@ -148,22 +104,10 @@ def traced(records: Sequence[Outbound], header: tuple[str, bytes]) -> list[Outbo
             r.topic,
             r.key,
             r.value,
-            (*(h for h in r.headers if h[0].lower() != TRACEPARENT), header)
+            (*(h for h in r.headers if h[0].lower() not in _NAMES), *headers)
             if r.headers
-            else (header,),
+            else headers,
             r.partition,
         )
         for r in records
     ]
-
-
-def _trace_id() -> str:
-    while (value := secrets.token_hex(16)) == _ZERO_TRACE:
-        pass
-    return value
-
-
-def _span_id() -> str:
-    while (value := secrets.token_hex(8)) == _ZERO_SPAN:
-        pass
-    return value

@@ -1,99 +1,135 @@
-"""W3C traceparent: parsing, children, and the header on produced records."""
+"""W3C trace context on Kafka headers: what is read (traceparent and
+tracestate, through OpenTelemetry's propagator), each process's child of
+it, and the headers on produced records."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+from opentelemetry.trace import format_span_id, format_trace_id
 
+from schemas.settings import TracingSettings
 from streams.kafka.envelopes import Outbound
-from streams.kafka.tracing import (
-    TRACEPARENT,
-    TraceParent,
-    child_header,
-    child_of,
-    new_trace,
-    parse,
-    read,
-    traced,
-)
+from streams.kafka.otlp import RecordSpans, spans_for
+from streams.kafka.tracing import TRACEPARENT, TRACESTATE, read, trace_headers, traced
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+SPAN_ID = "00f067aa0ba902b7"
 
 
-def test_parses_a_valid_header() -> None:
-    assert parse(VALID) == TraceParent("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "01")
-    assert parse(VALID.encode()) == parse(VALID)
-    assert parse(VALID).format() == VALID  # type: ignore[union-attr]
+def untraced() -> RecordSpans:
+    """A process's spans with no OTLP endpoint: started, carried, never exported."""
+    settings = TracingSettings().model_copy(
+        update={"otlp_endpoint": None, "otel_traces_endpoint": None, "otel_endpoint": None}
+    )
+    spans = spans_for(settings, "test", "group")
+    assert not spans.exporting
+    return spans
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    headers: tuple[tuple[str, bytes], ...] = ()
+    topic: str = "laneway.requests"
+    partition: int = 0
+    offset: int = 7
+
+
+def ids(value: str | bytes) -> tuple[str, str, int] | None:
+    """(trace id, span id, flags) of a ``traceparent`` value; ``None``: invalid."""
+    raw = value if isinstance(value, bytes) else value.encode()
+    context = read([(TRACEPARENT, raw)])
+    if context is None:
+        return None
+    return format_trace_id(context.trace_id), format_span_id(context.span_id), context.trace_flags
+
+
+def test_reads_a_valid_header() -> None:
+    assert ids(VALID) == (TRACE_ID, SPAN_ID, 1)
+    assert ids(VALID.encode()) == ids(VALID)
 
 
 @pytest.mark.parametrize(
     "value",
     [
-        None,
-        "",
-        "garbage",
-        VALID.upper(),  # hex is lowercase on the wire
-        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # zero trace id
-        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # zero parent id
-        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # forbidden version
-        VALID + "-extra",  # version 00 is exactly 55 characters
-        VALID[:-1],
-        "00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01",  # fields misplaced
-        "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
+        b"",
+        b"garbage",
+        VALID.upper().encode(),  # hex is lowercase on the wire
+        b"00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # zero trace id
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # zero parent id
+        b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # forbidden version
+        (VALID + "-extra").encode(),  # version 00 is exactly 55 characters
+        VALID[:-1].encode(),
+        b"00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01",  # fields misplaced
+        b"00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
         b"\xff\xfe",
     ],
 )
-def test_rejects_invalid_headers(value: str | bytes | None) -> None:
-    assert parse(value) is None
+def test_rejects_invalid_headers(value: bytes) -> None:
+    assert ids(value) is None
 
 
 def test_a_later_version_is_read_by_its_first_fields() -> None:
     later = "cc" + VALID[2:]
-    assert parse(later + "-what-comes-next") == parse(VALID)
-    assert parse(later + "x") is None  # more must follow a dash
+    assert ids(later + "-what-comes-next") == ids(VALID)
+    assert ids(later + "x") is None  # more must follow a dash
 
 
-def test_child_keeps_trace_and_flags_with_a_new_span() -> None:
-    parent = TraceParent("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "00")
-    child = parent.child()
-    assert (child.trace_id, child.flags) == (parent.trace_id, parent.flags)
-    assert child.span_id != parent.span_id
-    assert parse(child.format()) == child
-
-
-def test_read_finds_the_header_in_any_spelling() -> None:
-    headers = [("laneway-attempt", b"2"), ("TraceParent", VALID.encode())]
-    assert read(headers) == parse(VALID)
+def test_read_finds_the_headers_in_any_spelling() -> None:
+    headers = [("laneway-attempt", b"2"), ("TraceParent", VALID.encode()), ("TraceState", b"a=1")]
+    context = read(headers)
+    assert context is not None and format_trace_id(context.trace_id) == TRACE_ID
+    assert context.trace_state.to_header() == "a=1"
     assert read(None) is None
-    assert read([("laneway-attempt", b"2")]) is None
+    assert read([("laneway-attempt", b"2"), (TRACEPARENT, None)]) is None
+
+
+def test_a_span_is_a_child_with_the_same_trace_flags_and_tracestate() -> None:
+    spans = untraced()
+    unsampled = VALID[:-2] + "00"
+    parent = Record(((TRACEPARENT, unsampled.encode()), (TRACESTATE, b"vendor=v1,other=o2")))
+    headers = dict(trace_headers(spans.start(parent)))
+    child = read(list(headers.items()))
+    assert child is not None
+    assert format_trace_id(child.trace_id) == TRACE_ID and child.trace_flags == 0
+    assert format_span_id(child.span_id) != SPAN_ID
+    assert headers[TRACESTATE] == b"vendor=v1,other=o2"  # carried, not dropped
+    # Each record a span of its own.
+    again = read(trace_headers(spans.start(parent)))
+    assert again is not None and again.span_id != child.span_id
+    spans.close()
 
 
 def test_no_or_an_invalid_header_starts_a_new_sampled_trace() -> None:
-    for headers in (None, [], [(TRACEPARENT, b"nonsense")]):
-        started = child_of(headers)
-        assert parse(started.format()) == started
-        assert started.flags == "01"
-    assert new_trace().trace_id != new_trace().trace_id
+    spans = untraced()
+    started = []
+    for headers in ((), ((TRACEPARENT, b"nonsense"),), ((TRACESTATE, b"a=1"),)):
+        out = dict(trace_headers(spans.start(Record(headers))))
+        assert TRACESTATE not in out  # a tracestate without a valid traceparent is dropped
+        context = read(list(out.items()))
+        assert context is not None and context.trace_flags.sampled
+        started.append(context.trace_id)
+    assert len(set(started)) == 3
+    spans.close()
 
 
-def test_child_header_of_a_valid_parent() -> None:
-    name, value = child_header([(TRACEPARENT, VALID.encode())])
-    child = parse(value)
-    assert name == TRACEPARENT and child is not None
-    assert child.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
-    assert child.span_id != "00f067aa0ba902b7"
-
-
-def test_traced_replaces_any_traceparent_and_keeps_other_headers() -> None:
-    header = (TRACEPARENT, VALID.encode())
+def test_traced_replaces_any_trace_headers_and_keeps_other_headers() -> None:
+    trace = ((TRACEPARENT, VALID.encode()), (TRACESTATE, b"a=1"))
     records = [
         Outbound("t", b"k", b"v"),
-        Outbound("t", b"k", b"v", (("laneway-attempt", b"2"), ("traceparent", b"old")), 3),
+        Outbound(
+            "t",
+            b"k",
+            b"v",
+            (("laneway-attempt", b"2"), ("traceparent", b"old"), ("TraceState", b"old=1")),
+            3,
+        ),
     ]
-    out = traced(records, header)
-    assert out[0].headers == (header,)
-    assert out[1].headers == (("laneway-attempt", b"2"), header)
+    out = traced(records, trace)
+    assert out[0].headers == trace
+    assert out[1].headers == (("laneway-attempt", b"2"), *trace)
     assert [(r.topic, r.key, r.value) for r in out] == [("t", b"k", b"v")] * 2
     assert [r.partition for r in out] == [None, 3]
     # traced builds each Outbound field by field: a new field must be added there
