@@ -16,9 +16,9 @@ import pytest
 
 from schemas.messages import InferenceResult
 from schemas.settings import Settings
+from streams.bench.plain_client import PlainClient
 from streams.client import LanewayClient
-from streams.tools.plain_client import PlainClient
-from streams.tools.supervisor import Stack
+from streams.devstack.supervisor import Stack
 from tests.integration.conftest import read_topic
 
 
@@ -179,7 +179,7 @@ def test_laneway_ask_cli(settings: Settings) -> None:
         [
             sys.executable,
             "-m",
-            "streams.tools.cli",
+            "streams.cli.main",
             "--bootstrap",
             settings.kafka.bootstrap,
             "ask",

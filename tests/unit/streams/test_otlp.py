@@ -18,6 +18,7 @@ from schemas.errors import BackendUnavailable, InvalidRequest
 from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings, TracingSettings
 from streams.classify.classifier import SourceRecord, classify_record
+from streams.devstack.embedded import free_port
 from streams.kafka.otlp import SPANS, SpanExporter, export_request, exporter_for, resource
 from streams.kafka.spans import (
     UNREADABLE,
@@ -29,7 +30,6 @@ from streams.kafka.spans import (
 )
 from streams.kafka.tracing import TraceParent, child_trace, header, read
 from streams.rules.engine import RuleBook
-from streams.tools.embedded import free_port
 
 PARENT = TraceParent("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "01")
 RESOURCE = {"service.name": "laneway-test", "service.instance.id": "i-1", "service.version": "9"}
