@@ -55,6 +55,10 @@ class CurrentStack(BaseModel):
     """The embedded broker's bootstrap address."""
     redis_url: str
     """The stack's Redis (its embedded Valkey, or the external one it was given)."""
+    topic_prefix: str = "laneway"
+    """Its topics' prefix (``LANEWAY_KAFKA_TOPIC_PREFIX``)."""
+    redis_key_prefix: str = "laneway"
+    """Its Redis keys' prefix (``LANEWAY_REDIS_KEY_PREFIX``)."""
     metrics: dict[str, int]
     """Each child's name and the port of its ``/metrics``, ``/healthz`` and ``/readyz``."""
     gateway_url: str | None = None
@@ -146,16 +150,21 @@ def find_stack(path: Path) -> FoundStack:
 
 
 def apply_stack(settings: Settings, stack: CurrentStack | None) -> Settings:
-    """``settings`` with the stack's Kafka bootstrap and Redis URL wherever
-    the environment did not set them (the environment wins)."""
+    """``settings`` with the stack's Kafka bootstrap, Redis URL and
+    prefixes wherever the environment did not set them (the environment
+    wins, field by field)."""
     if stack is None:
         return settings
-    update: dict[str, object] = {}
-    if "bootstrap" not in settings.kafka.model_fields_set:
-        update["kafka"] = settings.kafka.model_copy(update={"bootstrap": stack.kafka_bootstrap})
-    if "url" not in settings.redis.model_fields_set:
-        update["redis"] = settings.redis.model_copy(update={"url": stack.redis_url})
-    return settings.model_copy(update=update) if update else settings
+    kafka = {"bootstrap": stack.kafka_bootstrap, "topic_prefix": stack.topic_prefix}
+    redis = {"url": stack.redis_url, "key_prefix": stack.redis_key_prefix}
+    kafka = {k: v for k, v in kafka.items() if k not in settings.kafka.model_fields_set}
+    redis = {k: v for k, v in redis.items() if k not in settings.redis.model_fields_set}
+    return settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(update=kafka),
+            "redis": settings.redis.model_copy(update=redis),
+        }
+    )
 
 
 def as_json(found: FoundStack) -> dict[str, object]:

@@ -194,6 +194,13 @@ class Stack:
         return CurrentStack(
             kafka_bootstrap=settings.kafka.bootstrap,
             redis_url=settings.redis.url,
+            # What the children run with: their own environment may set a prefix.
+            topic_prefix=self._child_env.get(
+                "LANEWAY_KAFKA_TOPIC_PREFIX", settings.kafka.topic_prefix
+            ),
+            redis_key_prefix=self._child_env.get(
+                "LANEWAY_REDIS_KEY_PREFIX", settings.redis.key_prefix
+            ),
             metrics={child.name: child.http_port for child in self.children},
             gateway_url=self.gateway_url,
             pid=os.getpid(),
