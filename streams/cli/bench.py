@@ -1,7 +1,9 @@
 """``laneway bench <mode>``: one subcommand per benchmark mode.
 
-Each mode is a module of ``streams.bench`` with ``NAME``, ``HELP``,
-``add_arguments(parser)`` and ``run(settings, args) -> BenchRun``; this
+Each mode is a module of ``streams.bench`` with ``HELP``,
+``add_arguments(parser)`` and ``run(settings, args) -> BenchRun`` (and
+``DRIVES_STACK`` when it drives a running stack, ``STARTS_STACK`` when it
+starts stacks of its own); this
 module registers them, gives each the options every mode has (``--result``,
 ``--save``, the log file of the stacks it starts) and writes the result
 file (``streams.bench.results``)."""
@@ -52,7 +54,9 @@ def subparser_init(subparsers: Any) -> argparse.ArgumentParser:
     bench: argparse.ArgumentParser = subparsers.add_parser(
         "bench",
         help="benchmarks, one mode each; every mode can write a result file",
-        description=__doc__,
+        description="Benchmarks, one subcommand per mode. Each prints its figures; "
+        "--result PATH or --save also writes them as a result file "
+        "(benchmarks/result.schema.json) that the docs' benchmark tables are drawn from.",
     )
     modes = bench.add_subparsers(dest="mode", required=True, metavar="MODE")
     for name in MODES:

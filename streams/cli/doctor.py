@@ -39,9 +39,15 @@ def subparser_init(subparsers: Any) -> argparse.ArgumentParser:
     doctor.add_argument(
         "--metrics",
         action="append",
-        help="[NAME=]URL of a process's /metrics (repeatable); default: laneway up's 9400-9405",
+        help="[NAME=]URL of a process's /metrics (repeatable); default: the current stack's, "
+        "else laneway up's from --http-port-base",
     )
-    doctor.add_argument("--http-port-base", type=int, default=9400)
+    doctor.add_argument(
+        "--http-port-base",
+        type=int,
+        default=None,
+        help="the `laneway up` port base to read (default: the current stack's, else 9400)",
+    )
     doctor.add_argument(
         "--slower",
         type=float,
@@ -65,4 +71,11 @@ def subparser_init(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd(args: argparse.Namespace) -> int:
+    stack = getattr(args, "current_stack", None)
+    if not args.metrics and args.http_port_base is None and stack is not None:
+        args.metrics = [
+            f"{name}=http://127.0.0.1:{port}/metrics" for name, port in stack.metrics.items()
+        ]
+    if args.http_port_base is None:
+        args.http_port_base = 9400
     return run_doctor(settings_of(args), args)

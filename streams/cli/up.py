@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 from typing import Any
 
 from streams.cli.common import add_log_arguments, quiet, settings_of
@@ -41,10 +42,17 @@ def subparser_init(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd(args: argparse.Namespace) -> int:
-    from streams.devstack.stackfile import stack_file_path
+    from streams.devstack.stackfile import find_stack, stack_file_path
     from streams.devstack.supervisor import Stack, recorded
 
     settings = settings_of(args)
+    running = find_stack(stack_file_path()).stack
+    if running is not None:
+        print(
+            f"laneway up: the stack of pid {running.pid} is recorded in {stack_file_path()}; "
+            "this one takes its place there (commands will reach this one)",
+            file=sys.stderr,
+        )
     stack = Stack(
         settings,
         kafka_port=args.kafka_port,
