@@ -48,7 +48,7 @@ def run_demo(settings: Settings, log_path: Path | None, stack_file: Path) -> int
         log_path=log_path,
     )
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    with recorded(stack, stack_file):
+    with recorded(stack, stack_file, replace=False):
         failures = asyncio.run(_ask_all(stack.settings))
     print(f"\ndemo finished: {len(SAMPLES) - failures}/{len(SAMPLES)} answered ok", file=sys.stderr)
     return 1 if failures else 0

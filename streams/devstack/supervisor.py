@@ -34,7 +34,12 @@ from typing import IO
 from schemas.messages import Lane
 from schemas.settings import Settings
 from streams.devstack.embedded import EmbeddedBroker, EmbeddedRedis, free_port
-from streams.devstack.stackfile import CurrentStack, remove_stack_file, write_stack_file
+from streams.devstack.stackfile import (
+    CurrentStack,
+    find_stack,
+    remove_stack_file,
+    write_stack_file,
+)
 from streams.kafka.topics import create_topics, wait_for_broker
 
 __all__ = ["Child", "Stack", "is_ready", "recorded", "without_password"]
@@ -359,17 +364,23 @@ class Stack:
 
 
 @contextlib.contextmanager
-def recorded(stack: Stack, stack_file: Path) -> Iterator[Path]:
+def recorded(stack: Stack, stack_file: Path, *, replace: bool = True) -> Iterator[Path]:
     """Start ``stack`` and record it in ``stack_file`` (the current-stack
     file of ``laneway up`` and ``laneway demo``) while the block runs; then
-    remove the file and stop the stack. Stacks a test starts itself are
-    never recorded: only these commands call this."""
+    remove the file and stop the stack. ``replace=False``: a live stack
+    already recorded there keeps its place (``demo`` beside an ``up``).
+    Stacks a test starts itself are never recorded: only these commands
+    call this."""
+    wrote = False
     try:
         stack.start()
-        write_stack_file(stack_file, stack.record())
+        if replace or find_stack(stack_file).stack is None:
+            write_stack_file(stack_file, stack.record())
+            wrote = True
         yield stack_file
     finally:
-        remove_stack_file(stack_file, os.getpid())
+        if wrote:
+            remove_stack_file(stack_file, os.getpid())
         stack.stop()
 
 

@@ -137,3 +137,26 @@ def test_status_and_a_waited_job_find_the_stack_through_its_file(
         LANEWAY_STACK_FILE=str(stack_file),
     )
     assert stale.returncode == 3 and "is stale" in stale.stderr, stale.stderr
+
+
+def test_up_records_its_stack_while_it_runs_and_removes_it_on_stop(tmp_path: Path) -> None:
+    """``recorded`` is what ``laneway up`` and ``laneway demo`` run the stack
+    in (here a stack of the broker and Valkey alone: no children)."""
+    from schemas.settings import Settings
+    from streams.devstack.stackfile import find_stack
+    from streams.devstack.supervisor import recorded
+
+    stack_file = tmp_path / "stack.json"
+    bare = Stack(Settings(), http_port_base=None, lanes=(), workers_only=True)
+    with recorded(bare, stack_file) as path:
+        assert path == stack_file
+        found = find_stack(stack_file).stack
+        assert found is not None and found.pid == os.getpid()
+        assert found.kafka_bootstrap == bare.settings.kafka.bootstrap
+        assert found.redis_url == bare.settings.redis.url and found.gateway_url is None
+        # A demo started beside it leaves the file to it.
+        beside = Stack(Settings(), http_port_base=None, lanes=(), workers_only=True)
+        with recorded(beside, stack_file, replace=False):
+            assert find_stack(stack_file).stack == found
+        assert find_stack(stack_file).stack == found, "the demo did not remove up's record"
+    assert not stack_file.exists()
