@@ -188,7 +188,14 @@ def test_laneway_ask_cli(settings: Settings) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "LANEWAY_LOG_LEVEL": "WARNING"},
+        # The stack's Redis too: `ask` first checks that a worker of the
+        # stack it reaches is alive (the machine may have a Redis of its own).
+        env={
+            **os.environ,
+            "LANEWAY_LOG_LEVEL": "WARNING",
+            "LANEWAY_REDIS_URL": settings.redis.url,
+            "LANEWAY_REDIS_KEY_PREFIX": settings.redis.key_prefix,
+        },
     )
     assert run.returncode == 0, run.stderr
     assert "lane=realtime path=rules" in run.stdout
