@@ -37,8 +37,9 @@ test: lint docs
 	$(BIN)/pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
+# `make bench BENCH_ARGS=--save` keeps the result file in benchmarks/results/mix/.
 bench: install
-	$(BIN)/laneway bench --embedded -n 120
+	$(BIN)/laneway bench mix --embedded -n 120 $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info site

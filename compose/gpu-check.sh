@@ -167,7 +167,7 @@ EOF
 step "tests: ${TESTS:-no report} in ${tests_s} s"
 
 step "GPU bench, batches of 1, 8 and 32 (at most ${BENCH_TIMEOUT_S} s)"
-timeout -k "$KILL_AFTER_S" "$BENCH_TIMEOUT_S" "$PY" -m streams.tools.bench_gpu --batch-sizes 1,8,32 \
+timeout -k "$KILL_AFTER_S" "$BENCH_TIMEOUT_S" "$PY" -m streams.bench.gpu --batch-sizes 1,8,32 \
     --requests 32 --max-tokens 64 --out "$OUT_DIR/bench.json" 2>&1 | tee "$OUT_DIR/bench.txt" \
     || status=1
 

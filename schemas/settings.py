@@ -277,11 +277,11 @@ class RealtimeLaneSettings(LaneSettings):
     max_batch_size: int = Field(default=2, ge=1, le=1024)
     """Two: a step of four sequences made every realtime answer slower, and
     at 3x load the realtime p99 was about twice its 1x with batches of four
-    (``laneway bench --embedded --overload``, README)."""
+    (``laneway bench overload --embedded``, README)."""
     max_wait_ms: int = Field(default=10, ge=0, le=60_000)
     max_inflight_batches: int = Field(default=1, ge=1, le=64)
     """One batch at a time: a second one in the decoder nearly tripled the
-    realtime inference p99 at 3x load (``laneway bench --embedded --overload``)."""
+    realtime inference p99 at 3x load (``laneway bench overload --embedded``)."""
 
 
 class MediumLaneSettings(LaneSettings):
@@ -555,7 +555,7 @@ class BackendSettings(BaseSettings):
     finish. On 2 cores of an AMD EPYC one llama.cpp step cost Gemma-3-270M
     2.3x as much CPU for 2 sequences as for 1, 4.5x for 8, 8x for 16
     (less on a Xeon with AVX512-VNNI: see the README): batching pays when
-    many answers are long (``laneway bench --backend llamacpp``)."""
+    many answers are long (``laneway bench backend``)."""
     llamacpp_max_batch_tokens: int = Field(default=8192, ge=16)
     """Token budget of the sequences decoded together: their prompts plus
     ``max_tokens`` may not add up to more; a request waits until it fits. A
@@ -565,7 +565,7 @@ class BackendSettings(BaseSettings):
     """A greedy answer does not depend on what it was batched with: separate
     KV caches per sequence and weights without llama.cpp's repacked kernels.
     ``false``: one unified KV cache and the repacked kernels, faster at batch
-    (``laneway bench --backend llamacpp --modes invariant,fast``) while a
+    (``laneway bench backend --modes invariant,fast``) while a
     greedy answer may change with its batch-mates. On a CPU with AMX the
     repacked kernels crash this llama.cpp, so there ``false`` gives the
     unified cache alone (``workers.backends.llama_batch.extra_buffers_work``)."""
@@ -771,7 +771,7 @@ class Settings(BaseSettings):
     model calls run in threads)."""
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
-    """``json``: one JSON object per log line, for log shippers (``streams.tools.logs``)."""
+    """``json``: one JSON object per log line, for log shippers (``streams.devstack.logs``)."""
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)

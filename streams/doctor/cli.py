@@ -23,7 +23,6 @@ from streams.doctor.gather import UP_NAMES, gather
 from streams.doctor.readings import Readings
 
 __all__ = [
-    "add_doctor_parser",
     "as_json",
     "format_report",
     "metrics_targets",
@@ -77,57 +76,6 @@ def parse_time(text: str) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
-
-
-def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    doctor = sub.add_parser(
-        "doctor",
-        help="diagnose a slow stack: what got slower, resources, where the time goes, versions",
-    )
-    doctor.add_argument(
-        "--recent",
-        type=parse_duration,
-        default=3600.0,
-        help="the recent part of the window, judged against the rest (default 1h)",
-    )
-    doctor.add_argument(
-        "--window",
-        type=parse_duration,
-        default=86_400.0,
-        help="the whole window read; before --recent is the baseline (default 1d)",
-    )
-    doctor.add_argument(
-        "--until",
-        type=parse_time,
-        default=None,
-        help="end the window here instead of now (ISO 8601 or epoch seconds): a past "
-        "incident's window; processes, GPUs and disk are read now whatever it is",
-    )
-    doctor.add_argument(
-        "--metrics",
-        action="append",
-        help="[NAME=]URL of a process's /metrics (repeatable); default: laneway up's 9400-9405",
-    )
-    doctor.add_argument("--http-port-base", type=int, default=9400)
-    doctor.add_argument(
-        "--slower",
-        type=float,
-        default=DEFAULTS.slower_ratio,
-        help="a median this many times its baseline's is slower (default 1.5)",
-    )
-    doctor.add_argument(
-        "--slower-ms",
-        type=float,
-        default=DEFAULTS.slower_min_ms,
-        help="... and at least this many ms more (default 100)",
-    )
-    doctor.add_argument(
-        "--min-samples",
-        type=int,
-        default=DEFAULTS.min_samples,
-        help="results a group needs, recent and baseline, to be judged (default 5)",
-    )
-    doctor.add_argument("--json", action="store_true", help="the findings and readings as JSON")
 
 
 def span(seconds: float) -> str:

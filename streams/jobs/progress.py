@@ -1,5 +1,6 @@
-"""Job progress for people: a one-line bar redrawn with a carriage return
-(``laneway batch submit --wait``), the status block, and ``cancel``."""
+"""Job progress for people: ``laneway batch submit --wait``'s progress (a
+``rich.progress`` bar on a terminal, plain lines when the output is a pipe
+or a file), the status block, and ``cancel``."""
 
 from __future__ import annotations
 
@@ -7,14 +8,29 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Protocol
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from schemas.jobs import BatchJob, BatchJobStatus
 from schemas.settings import Settings
 from streams.jobs.events import Mover
 from streams.jobs.store import JobStore
 
-__all__ = ["Rate", "cancel_job", "format_bar", "format_status", "get_job", "list_jobs", "watch"]
+__all__ = [
+    "JobView",
+    "LineJobView",
+    "Rate",
+    "RichJobView",
+    "cancel_job",
+    "format_bar",
+    "format_status",
+    "get_job",
+    "job_view",
+    "list_jobs",
+    "watch",
+]
 
 BAR_WIDTH = 30
 
@@ -78,6 +94,79 @@ WINDOW_GRACE_MS = 60_000
 """How long past a job's window ``watch`` waits for the tracker to settle it."""
 
 
+class JobView(Protocol):
+    """Where ``watch`` shows a job as it moves."""
+
+    def show(self, job: BatchJob, rate: float) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RichJobView:
+    """A ``rich.progress`` bar: answered of total, rate, ETA, counts."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[counts]}"),
+            TextColumn("{task.fields[rate]:.1f}/s"),
+            TimeRemainingColumn(),
+            console=Console(file=out),
+            transient=False,
+        )
+        self._task = self._progress.add_task("job", total=None, counts="", rate=0.0)
+        self._progress.start()
+
+    def show(self, job: BatchJob, rate: float) -> None:
+        c = job.counts
+        counts = f"done {c.done} failed {c.failed} pending {c.pending} (produced {c.produced})"
+        self._progress.update(
+            self._task,
+            description=f"{job.id} {job.status}",
+            total=max(c.total, 1),
+            completed=c.done + c.failed,
+            counts=counts,
+            rate=rate,
+        )
+
+    def note(self, text: str) -> None:
+        self._progress.console.print(text)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+class LineJobView:
+    """One plain line each time the job moves (for a pipe or a log file:
+    no escape codes, no carriage returns)."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._last: tuple[int, int, int, str] | None = None
+
+    def show(self, job: BatchJob, rate: float) -> None:
+        c = job.counts
+        key = (c.produced, c.done, c.failed, str(job.status))
+        if key != self._last:
+            self._last = key
+            print(format_bar(job, rate), file=self._out, flush=True)
+
+    def note(self, text: str) -> None:
+        print(text, file=self._out, flush=True)
+
+    def close(self) -> None:
+        self._out.flush()
+
+
+def job_view(out: IO[str]) -> JobView:
+    """A rich bar on a terminal, plain lines otherwise."""
+    return RichJobView(out) if out.isatty() else LineJobView(out)
+
+
 async def watch(
     settings: Settings,
     job_id: str,
@@ -88,10 +177,11 @@ async def watch(
     stall_s: float = STALL_S,
     clock: Callable[[], float] = time.monotonic,
 ) -> BatchJob:
-    """Redraw the job's bar until it is final (or ``timeout_s``); the job.
+    """Show the job's progress on ``out`` until it is final (or
+    ``timeout_s``); the job.
 
     Results are counted by the job tracker (``laneway batch tracker``, part
-    of ``laneway up``). When nothing moves for ``stall_s`` the bar says so
+    of ``laneway up``). When nothing moves for ``stall_s`` the view says so
     once, naming the tracker; past the job's window (and a minute's grace
     for the tracker to settle it) the wait ends with the job as it stands,
     so a missing tracker never makes ``--wait`` wait for ever."""
@@ -99,6 +189,7 @@ async def watch(
     rate = Rate()
     give_up = None if timeout_s is None else clock() + timeout_s
     moved_at, last, warned = clock(), -1, False
+    view = job_view(out)
     try:
         store = JobStore(redis, settings.redis.key_prefix)
         while True:
@@ -108,21 +199,19 @@ async def watch(
             answered = job.counts.done + job.counts.failed
             if answered != last:
                 moved_at, last = clock(), answered
-            speed = rate.add(clock(), answered)
-            out.write("\r" + format_bar(job, speed) + "\x1b[K")
+            view.show(job, rate.add(clock(), answered))
             if not warned and not job.final and clock() - moved_at > stall_s:
                 warned = True
-                out.write(
-                    f"\nno result counted for {stall_s:.0f} s: is the job tracker running "
-                    "(`laneway batch tracker`, part of `laneway up`)?\n"
+                view.note(
+                    f"no result counted for {stall_s:.0f} s: is the job tracker running "
+                    "(`laneway batch tracker`, part of `laneway up`)?"
                 )
-            out.flush()
             past_window = time.time() * 1000 > job.expires_at_ms + WINDOW_GRACE_MS
             if job.final or past_window or (give_up is not None and clock() > give_up):
-                out.write("\n")
                 return job
             await asyncio.sleep(interval_s)
     finally:
+        view.close()
         await redis.aclose()
 
 

@@ -40,6 +40,7 @@ from schemas.jobs import BatchJob
 from schemas.messages import InferenceRequest
 from schemas.settings import Settings
 from streams.jobs.events import Mover, now_ms
+from streams.jobs.liveness import tracker_beats, tracker_gone
 from streams.jobs.store import JobStore
 from streams.ops import ProcessState, heartbeat
 
@@ -218,15 +219,22 @@ async def serve_tracker(settings: Settings, state: ProcessState) -> None:
         acks="all", enable_idempotence=settings.kafka.enable_idempotence, **options
     )
     redis = settings.redis.client()
+    beacon: asyncio.Task[None] | None = None
     try:
         await producer.start()
         await consumer.start()
+        beacon = asyncio.create_task(
+            tracker_beats(redis, settings.redis.key_prefix, settings.worker_heartbeat_s)
+        )
         state.ready, state.detail = True, "tracking batch jobs"
         log.info("batch tracker up: %s, %s", settings.topic("results"), settings.topic("requests"))
         await JobTracker(settings, redis, producer).run(consumer, stop)
     finally:
         state.ready = False
         beats.cancel()
+        if beacon is not None:
+            beacon.cancel()
+            await tracker_gone(redis, settings.redis.key_prefix)
         await consumer.stop()
         await producer.stop()
         await redis.aclose()

@@ -28,9 +28,9 @@ from schemas.messages import AnswerPath, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.embedding import MiniLMEmbedder
 from streams.client import LanewayClient
+from streams.devstack.embedded import EmbeddedRedis, free_port
+from streams.devstack.supervisor import Stack
 from streams.rules.rulefile import EXAMPLE_RULES_FILE
-from streams.tools.embedded import EmbeddedRedis, free_port
-from streams.tools.supervisor import Stack
 from workers.lane_worker import LaneWorker
 
 # The stack's rule file: the shipped example, copied so a test can edit it
@@ -129,6 +129,16 @@ def registry_stack(
                 "LANEWAY_REDIS_URL": running.redis.url,
             },
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_users_stack_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A `laneway up` the user runs on this machine is not the tests' stack:
+    the commands the tests run (and the processes they start) read a stack
+    file of the session's own, which no stack writes unless a test says so."""
+    path = tmp_path_factory.mktemp("stack-file") / "stack.json"
+    with mock.patch.dict(os.environ, {"LANEWAY_STACK_FILE": str(path)}):
+        yield path
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from streams.tools.embedded import wait_for_port
+from streams.devstack.embedded import wait_for_port
 from workers.models import resolve_gguf
 
 

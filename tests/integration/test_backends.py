@@ -16,7 +16,7 @@ import pytest
 from schemas.errors import BackendUnavailable, DeadlineExceeded
 from schemas.messages import AnswerPath, ChatMessage, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import BackendSettings
-from streams.tools.embedded import free_port
+from streams.devstack.embedded import free_port
 from workers.backends.base import (
     STOPPED,
     Backend,

@@ -68,7 +68,7 @@ async def cli(settings: Settings, *args: str, **env: str) -> Ran:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "streams.tools.cli",
+        "streams.cli.main",
         *args,
         env=cli_env(settings, **env),
         stdout=asyncio.subprocess.PIPE,
@@ -219,7 +219,7 @@ async def test_a_killed_submitter_resumes_with_no_duplicate_result(
     tenant = f"t{uuid.uuid4().hex[:8]}"
     rows = [line(f"r-{n}", RULE_PROMPTS[n % 4]) for n in range(80)]
     path = write_jsonl(tmp_path / "in.jsonl", rows)
-    args = [sys.executable, "-m", "streams.tools.cli", "batch", "submit", str(path)]
+    args = [sys.executable, "-m", "streams.cli.main", "batch", "submit", str(path)]
     args += ["--tenant", tenant]
     env = cli_env(settings, LANEWAY_BATCH_SUBMIT_RPS="10")
     proc = await asyncio.create_subprocess_exec(

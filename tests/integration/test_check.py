@@ -18,7 +18,7 @@ async def test_a_missing_model_file_fails_the_check_by_name(tmp_path: Path) -> N
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "streams.tools.cli",
+        "streams.cli.main",
         "check",
         "--path",
         "heavy",

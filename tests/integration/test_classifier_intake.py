@@ -6,7 +6,7 @@ replica (then a graceful stop of the first) answers every request exactly
 once.
 
 The classifiers run on topics, Redis keys and a consumer group of their
-own (``Classifier`` of ``laneway bench --classifier``), on a broker of this
+own (``Classifier`` of ``laneway bench classifier``), on a broker of this
 module: no lane workers, rule traffic only.
 """
 
@@ -25,9 +25,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.messages import InferenceResult
 from schemas.settings import RedisSettings, Settings
+from streams.bench.classifier import Classifier, Replies, phase_requests
+from streams.devstack.embedded import EmbeddedBroker
 from streams.kafka.topics import create_topics, wait_for_broker
-from streams.tools.bench_classifier import Classifier, Replies, phase_requests
-from streams.tools.embedded import EmbeddedBroker
 
 from .conftest import read_topic
 

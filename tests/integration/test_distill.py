@@ -26,10 +26,10 @@ from streams.cache.embedding import MiniLMEmbedder
 from streams.classify.features import Complexity, complexity_of, extract_features
 from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
+from streams.cli.main import main
 from streams.client import LanewayClient
 from streams.distill.export import Window, collect
 from streams.distill.rows import read_rows
-from streams.tools.cli import main
 
 GOOD = [f"What is the capital of {c}?" for c in ("France", "Italy", "Spain", "Japan", "Egypt")]
 GOOD += [

@@ -35,9 +35,9 @@ from schemas.messages import AnswerPath, InferenceRequest, Lane, QualityEvent, R
 from schemas.settings import Settings
 from streams.classify.registry import load_registry
 from streams.client import LanewayClient
+from streams.devstack.embedded import free_port
+from streams.devstack.supervisor import Stack
 from streams.rollout import state
-from streams.tools.embedded import free_port
-from streams.tools.supervisor import Stack
 
 from .conftest import own_stack, produce_to_lane, read_topic
 from .servers import llama_cpp_server
@@ -220,7 +220,7 @@ async def drift_alarmed(settings: Settings, timeout_s: float = 30.0) -> dict[str
 def doctor(env: dict[str, str], stack: Stack, *args: str) -> tuple[int, str]:
     urls = [f"--metrics={c.name}=http://127.0.0.1:{c.http_port}/metrics" for c in stack.children]
     done = subprocess.run(
-        [sys.executable, "-m", "streams.tools.cli", "doctor", *urls, *args],
+        [sys.executable, "-m", "streams.cli.main", "doctor", *urls, *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -16,9 +16,9 @@ import pytest
 
 from schemas.messages import InferenceResult
 from schemas.settings import Settings
+from streams.bench.plain_client import PlainClient
 from streams.client import LanewayClient
-from streams.tools.plain_client import PlainClient
-from streams.tools.supervisor import Stack
+from streams.devstack.supervisor import Stack
 from tests.integration.conftest import read_topic
 
 
@@ -179,7 +179,7 @@ def test_laneway_ask_cli(settings: Settings) -> None:
         [
             sys.executable,
             "-m",
-            "streams.tools.cli",
+            "streams.cli.main",
             "--bootstrap",
             settings.kafka.bootstrap,
             "ask",
@@ -188,7 +188,14 @@ def test_laneway_ask_cli(settings: Settings) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "LANEWAY_LOG_LEVEL": "WARNING"},
+        # The stack's Redis too: `ask` first checks that a worker of the
+        # stack it reaches is alive (the machine may have a Redis of its own).
+        env={
+            **os.environ,
+            "LANEWAY_LOG_LEVEL": "WARNING",
+            "LANEWAY_REDIS_URL": settings.redis.url,
+            "LANEWAY_REDIS_KEY_PREFIX": settings.redis.key_prefix,
+        },
     )
     assert run.returncode == 0, run.stderr
     assert "lane=realtime path=rules" in run.stdout

@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 from schemas.messages import InferenceResult, peek_reply_address
 from schemas.settings import Settings
 from streams.client import LanewayClient
+from streams.devstack.supervisor import Stack
 from streams.kafka.topics import create_topics
-from streams.tools.supervisor import Stack
 
 N_RECORDS = 2_000
 WEEK_MS = 7 * 86_400_000

@@ -24,9 +24,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from schemas.settings import Settings
+from streams.devstack.embedded import free_port
 from streams.gateway.keys import add_key
 from streams.gateway.server import GatewayServer
-from streams.tools.embedded import free_port
 
 from .conftest import read_topic
 
@@ -259,7 +259,7 @@ def test_laneway_gateway_serves_curl_a_stream_and_its_metrics(
     log_path = tmp_path / "gateway.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.tools.cli", "gateway"],
+            [sys.executable, "-m", "streams.cli.main", "gateway"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -8,9 +8,9 @@ import asyncio
 
 import redis.asyncio as aioredis
 
+from streams.devstack.embedded import free_port
 from streams.gateway.shared_limits import SharedLimiter
 from streams.ops import REDIS_ERRORS
-from streams.tools.embedded import free_port
 
 
 def replica(url: str, prefix: str) -> SharedLimiter:

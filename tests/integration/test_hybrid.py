@@ -21,8 +21,8 @@ from streams.cache.keys import cache_key
 from streams.cache.response import ResponseCache
 from streams.classify.router import RouteBoard
 from streams.client import LanewayClient
+from streams.devstack.supervisor import Stack
 from streams.stores.sessions import SessionStore
-from streams.tools.supervisor import Stack
 from tests.integration.conftest import produce_to_lane, read_topic, routed_now
 
 

@@ -2,7 +2,7 @@
 models: the same greedy answers as one at a time, requests joining a running
 decode, deadlines per sequence.
 
-SmolLM2 answers all 32 prompts of ``laneway bench --backend`` alike at any
+SmolLM2 answers all 32 prompts of ``laneway bench backend`` alike at any
 batch size; Gemma-3's logits still move a little with the other sequences in
 a step (24-28 of those 32 alike at batch 8 and 16; of the 8 prompts here, 7
 with the llama.cpp this machine builds now, all 8 with an earlier one)."""
@@ -18,7 +18,7 @@ import pytest
 from schemas.errors import BackendUnavailable, DeadlineExceeded
 from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
-from streams.tools.bench import HARD_PROMPTS, SIMPLE_PROMPTS
+from streams.bench.drive import HARD_PROMPTS, SIMPLE_PROMPTS
 from workers.backends.base import STOPPED, Generation, GenerationInput, Outcome
 from workers.backends.llama_batch import extra_buffers_work
 from workers.backends.llamacpp import LlamaCppBackend
@@ -195,9 +195,9 @@ async def test_the_fast_mode_decodes_a_batch_in_one_shared_cache() -> None:
 
 
 async def test_the_backend_bench_answers_every_prompt_in_each_shape() -> None:
-    """``laneway bench --backend``: whole batches one at a time, two in
+    """``laneway bench backend``: whole batches one at a time, two in
     flight, and sequences refilled one by one each answer every prompt once."""
-    from streams.tools.bench_backend import bench_prompts, direct_rates, format_rates
+    from streams.bench.backend import bench_prompts, direct_rates, format_rates
 
     prompts = bench_prompts(4)
     rates = await direct_rates(

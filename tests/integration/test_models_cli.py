@@ -15,10 +15,10 @@ import redis.asyncio as aioredis
 from schemas.messages import AnswerPath
 from schemas.settings import Settings
 from streams.classify.registry import load_registry
+from streams.cli.main import build_parser
+from streams.cli.models import run_models
 from streams.rollout.board import RolloutBoard
 from streams.rollout.state import RolloutStore, VersionRollout
-from streams.tools.cli import _parser
-from streams.tools.models_cli import run_models
 
 REGISTRY = """\
 models:
@@ -43,7 +43,7 @@ def settings(redis_url: str, prefix: str, tmp_path: Path) -> Settings:
 
 async def cli(settings: Settings, *args: str) -> int:
     """The command as ``laneway models ARGS`` runs it (its own event loop)."""
-    parsed: argparse.Namespace = _parser().parse_args(["models", *args])
+    parsed: argparse.Namespace = build_parser().parse_args(["models", *args])
     return await asyncio.to_thread(run_models, settings, parsed)
 
 

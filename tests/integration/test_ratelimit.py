@@ -9,9 +9,9 @@ import redis.asyncio as aioredis
 
 from schemas.settings import RateLimitSettings, Settings, TenantLimit
 from streams.client import LanewayClient
+from streams.devstack.embedded import free_port
 from streams.ops import REDIS_ERRORS
 from streams.stores.ratelimit import RateLimiter
-from streams.tools.embedded import free_port
 
 
 def limiter(url: str, **limits: object) -> RateLimiter:

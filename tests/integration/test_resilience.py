@@ -28,18 +28,13 @@ from aiokafka import AIOKafkaProducer, ConsumerRecord
 from schemas.errors import ErrorCode
 from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import BackendSettings, Settings
+from streams.bench.drive import RULE_PROMPTS, SIMPLE_PROMPTS
+from streams.bench.overload import format_steps, overload_step, step_row
 from streams.client import LanewayClient
+from streams.devstack.embedded import free_port
+from streams.devstack.supervisor import Stack
 from streams.kafka.topics import create_topics, retry_topic
 from streams.stores.backlog import BacklogBoard
-from streams.tools.bench import (
-    RULE_PROMPTS,
-    SIMPLE_PROMPTS,
-    format_steps,
-    overload_step,
-    step_row,
-)
-from streams.tools.embedded import free_port
-from streams.tools.supervisor import Stack
 from tests.integration.conftest import (
     produce_raw,
     produce_to_lane,
@@ -238,8 +233,8 @@ async def test_overload_sheds_bulk_and_realtime_keeps_its_budget(resilient_stack
         if r not in answered
     )
     assert len(answered) >= 0.75 * len(rt)
-    # Its tail under load is a benchmark figure (`laneway bench --embedded
-    # --overload`), not a pass mark: on two shared cores a p95 swings by a
+    # Its tail under load is a benchmark figure (`laneway bench overload
+    # --embedded`), not a pass mark: on two shared cores a p95 swings by a
     # second from run to run. The median model answer must stay in budget.
     model_ms = sorted(
         ms for r, ms in rt if r.path not in (None, AnswerPath.RULES, AnswerPath.CACHE)

@@ -12,9 +12,9 @@ from aiokafka import AIOKafkaProducer, ConsumerRecord
 
 from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import BackendSettings, Settings
+from streams.devstack.embedded import free_port
 from streams.kafka.topics import create_topics
 from streams.ops import REDIS_ERRORS
-from streams.tools.embedded import free_port
 from tests.integration.conftest import fetch_lane_records, read_topic, routed_now
 from workers.execution import Executor, Finished, backend_slots
 from workers.lane_worker import LaneWorker

@@ -79,7 +79,7 @@ async def rollout(rollout_env: dict[str, str]) -> Settings:
 def models(env: dict[str, str], *args: str) -> str:
     """``laneway models ARGS`` as an operator runs it; its output."""
     done = subprocess.run(
-        [sys.executable, "-m", "streams.tools.cli", "models", *args],
+        [sys.executable, "-m", "streams.cli.main", "models", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -19,7 +19,7 @@ from schemas.messages import AnswerPath, InferenceResult, Lane
 from schemas.settings import Settings
 from streams.classify.router import RouteBoard
 from streams.client import LanewayClient
-from streams.tools.embedded import free_port
+from streams.devstack.embedded import free_port
 
 from .conftest import own_stack
 from .servers import llama_cpp_server

@@ -37,6 +37,8 @@ from streams.classify.batch import BatchClassifier, BatchLookups
 from streams.classify.classifier import SourceRecord
 from streams.classify.registry import load_registry
 from streams.classify.router import SmartRouter
+from streams.cli.main import build_parser
+from streams.cli.models import run_models
 from streams.distill.learned import BASE_FEATURES, RouterArtifact, save_artifact
 from streams.rollout.board import RolloutBoard
 from streams.rollout.routers import (
@@ -48,8 +50,6 @@ from streams.rollout.routers import (
     tally_key,
 )
 from streams.rules.rulefile import RuleSource
-from streams.tools.cli import _parser
-from streams.tools.models_cli import run_models
 
 from .conftest import own_stack, produce_raw, read_topic
 
@@ -94,7 +94,7 @@ def settings(redis_url: str, prefix: str, tmp_path: Path, minilm: MiniLMEmbedder
 
 
 async def cli(settings: Settings, *args: str) -> int:
-    parsed: argparse.Namespace = _parser().parse_args(["models", *args])
+    parsed: argparse.Namespace = build_parser().parse_args(["models", *args])
     return await asyncio.to_thread(run_models, settings, parsed)
 
 

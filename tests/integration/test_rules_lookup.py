@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from schemas.settings import RedisSettings
+from streams.devstack.embedded import free_port
 from streams.rules.engine import RuleBook
 from streams.rules.rulefile import EXAMPLE_RULES_FILE
-from streams.tools.embedded import free_port
 
 
 @pytest.fixture

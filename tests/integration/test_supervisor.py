@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from schemas.settings import Settings
-from streams.tools.supervisor import Stack
+from streams.devstack.supervisor import Stack
 
 
 def test_a_stack_that_cannot_start_leaves_nothing_running() -> None:

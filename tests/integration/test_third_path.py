@@ -48,7 +48,7 @@ def third(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, 
 def models_list(env: dict[str, str]) -> list[dict[str, object]]:
     """``laneway models list --json`` as an operator runs it."""
     done = subprocess.run(
-        [sys.executable, "-m", "streams.tools.cli", "models", "list", "--json"],
+        [sys.executable, "-m", "streams.cli.main", "models", "list", "--json"],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ import sys
 from schemas.messages import Lane
 from schemas.settings import Settings
 from streams.client import LanewayClient
-from streams.tools.supervisor import Stack
+from streams.devstack.supervisor import Stack
 
 
 async def _top(stack: Stack, settings: Settings, *flags: str) -> tuple[int, str]:
@@ -24,7 +24,7 @@ async def _top(stack: Stack, settings: Settings, *flags: str) -> tuple[int, str]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "streams.tools.cli",
+        "streams.cli.main",
         "top",
         "--once",
         *urls,

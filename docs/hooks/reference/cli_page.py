@@ -12,9 +12,9 @@ __all__ = ["cli_page", "commands"]
 
 def _build_parser() -> argparse.ArgumentParser:
     # The one place that names where the CLI's parser is built.
-    from streams.tools.cli import _parser
+    from streams.cli.main import build_parser
 
-    return _parser()
+    return build_parser()
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

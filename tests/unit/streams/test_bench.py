@@ -3,22 +3,21 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from schemas.errors import DeadlineExceeded, RateLimited
 from schemas.messages import InferenceResult, Timings
-from streams.tools.bench import (
+from streams.bench.burst import QUESTIONS, burst_workload
+from streams.bench.compare import compare_row
+from streams.bench.drive import (
     CLIENTS,
     SIMPLE_PROMPTS,
     Sample,
-    format_steps,
     format_table,
     mixed_workload,
     overload_workload,
-    step_row,
     summarize,
 )
-from streams.tools.bench_burst import QUESTIONS, burst_workload
-from streams.tools.bench_compare import compare_row
-from streams.tools.cli import _parser
-from streams.tools.embedded import free_port
-from streams.tools.supervisor import metric_total
+from streams.bench.overload import format_steps, step_row
+from streams.cli.main import build_parser
+from streams.devstack.embedded import free_port
+from streams.devstack.supervisor import metric_total
 
 
 def test_mixed_workload_shape() -> None:
@@ -115,12 +114,11 @@ def test_overload_step_splits_realtime_model_time_into_queue_and_inference() -> 
 
 
 def test_the_command_line_offers_every_client(capsys: pytest.CaptureFixture[str]) -> None:
-    """``cli`` lists the choices itself (importing the bench would cost every
-    command ~0.4 s); they must stay the bench's."""
+    """Every mode that drives a stack offers the bench's clients, and only those."""
     for kind in CLIENTS:
-        assert _parser().parse_args(["bench", "--client", kind]).client == kind
+        assert build_parser().parse_args(["bench", "mix", "--client", kind]).client == kind
     with pytest.raises(SystemExit):
-        _parser().parse_args(["bench", "--client", "nope"])
+        build_parser().parse_args(["bench", "mix", "--client", "nope"])
     offered = capsys.readouterr().err.rsplit("choose from ", 1)[1]
     assert offered.strip().rstrip(")") == ", ".join(repr(kind) for kind in CLIENTS)
 
@@ -133,7 +131,7 @@ def test_burst_workload_asks_each_question_n_times_the_first_copy_for_realtime()
         assert len(copies) == 6
         assert sum(r.get("deadline_ms") == 3_000 for r in copies) == 1
         assert all(r["temperature"] == 0.0 and r["max_tokens"] == 64 for r in copies)
-    assert _parser().parse_args(["bench", "--burst", "6"]).burst == 6
+    assert build_parser().parse_args(["bench", "burst", "6"]).copies == 6
 
 
 def test_a_compare_row_counts_model_decodes_per_lane_not_cache_or_rules() -> None:
@@ -154,9 +152,9 @@ def test_a_compare_row_counts_model_decodes_per_lane_not_cache_or_rules() -> Non
 
 
 def test_the_stacks_a_bench_starts_log_to_a_file_unless_verbose() -> None:
-    quiet = _parser().parse_args(["bench", "--burst", "2"])
+    quiet = build_parser().parse_args(["bench", "burst", "2"])
     assert quiet.verbose is False and quiet.log_file is None  # then ~/.cache/laneway/logs
-    loud = _parser().parse_args(["bench", "--compare", "-v", "--log-file", "/tmp/b.log"])
+    loud = build_parser().parse_args(["bench", "compare", "-v", "--log-file", "/tmp/b.log"])
     assert loud.verbose is True and str(loud.log_file) == "/tmp/b.log"
 
 
@@ -179,7 +177,7 @@ def test_a_metric_is_summed_over_its_labels_from_a_process_metrics() -> None:
 
 
 def test_streamed_samples_put_time_to_first_token_beside_the_total() -> None:
-    from streams.tools.bench import Sample, format_table, summarize
+    from streams.bench.drive import Sample, format_table, summarize
 
     samples = [
         Sample(
@@ -202,8 +200,8 @@ def test_streamed_samples_put_time_to_first_token_beside_the_total() -> None:
 
 
 def test_a_stream_cost_leg_counts_the_tokens_of_its_answers_over_its_time() -> None:
-    from streams.tools.bench import NO_CACHE, Sample
-    from streams.tools.bench_stream import leg_of, model_workload
+    from streams.bench.drive import NO_CACHE, Sample
+    from streams.bench.stream_cost import leg_of, model_workload
 
     samples = [
         Sample(

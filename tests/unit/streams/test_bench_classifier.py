@@ -1,11 +1,11 @@
-"""``laneway bench --classifier``'s pure parts: the workload and the table."""
+"""``laneway bench classifier``'s pure parts: the workload and the table."""
 
 from __future__ import annotations
 
 import os
 
 from schemas.messages import AnswerPath, InferenceResult
-from streams.tools.bench_classifier import (
+from streams.bench.classifier import (
     PHASES,
     PhaseRow,
     cpu_seconds,
@@ -13,7 +13,7 @@ from streams.tools.bench_classifier import (
     format_rows,
     phase_requests,
 )
-from streams.tools.cli import _parser
+from streams.cli.main import build_parser
 
 
 def test_each_phase_has_unique_ids_and_its_own_prompts() -> None:
@@ -51,5 +51,5 @@ def test_cpu_seconds_of_this_process() -> None:
 
 
 def test_the_command_line_reaches_it() -> None:
-    args = _parser().parse_args(["bench", "--classifier", "-n", "5000"])
-    assert args.classifier and args.requests == 5000
+    args = build_parser().parse_args(["bench", "classifier", "-n", "5000"])
+    assert args.mode == "classifier" and args.requests == 5000

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from schemas.errors import DeadlineExceeded
-from streams.tools.bench_gpu import _sizes, format_table, prompts, summarize
+from streams.bench.gpu import _sizes, format_table, prompts, summarize
 from workers.backends.base import Generation, Outcome
 
 

@@ -23,9 +23,9 @@ from streams.classify.classifier import Admitted, SourceRecord
 from streams.classify.gate import RealtimeGate, RealtimeWorker
 from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
+from streams.devstack.embedded import free_port
 from streams.rules.engine import DEFAULT_RULES, Rule, RuleAnswer, RuleBook, Template
 from streams.stores.ratelimit import Verdict
-from streams.tools.embedded import free_port
 
 NOW = 1_700_000_000_000
 

@@ -366,7 +366,7 @@ def test_finetune_set(tmp_path: Path) -> None:
 def test_the_cli_trains_and_reports_on_an_export(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from streams.tools.cli import main
+    from streams.cli.main import main
 
     rows_file = tmp_path / "rows.jsonl"
     write_rows(synthetic_rows(), rows_file)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from schemas.settings import BackendSettings, Settings
+from streams.devstack.embedded import free_port
 from streams.doctor.cli import (
     as_json,
     format_report,
@@ -38,7 +39,6 @@ from streams.doctor.readings import (
     VersionChange,
 )
 from streams.ops import OpsServer, ProcessState
-from streams.tools.embedded import free_port
 
 NOW = 1_800_000_000_000
 HOUR = 3_600_000

@@ -38,11 +38,11 @@ def test_the_classifier_reads_its_topic_itself() -> None:
 
 
 def test_printed_redis_urls_hide_the_password() -> None:
-    from streams.tools.supervisor import _without_password
+    from streams.devstack.supervisor import without_password
 
-    assert _without_password("redis://:s3cret@cache:6379/0") == "redis://:***@cache:6379/0"
-    assert _without_password("redis://user:s3cret@cache/1") == "redis://user:***@cache/1"
-    assert _without_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert without_password("redis://:s3cret@cache:6379/0") == "redis://:***@cache:6379/0"
+    assert without_password("redis://user:s3cret@cache/1") == "redis://user:***@cache/1"
+    assert without_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
 
 
 def test_faust_leaves_no_data_directory_in_the_working_directory(

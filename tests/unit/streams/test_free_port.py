@@ -1,7 +1,7 @@
 import socket
 from pathlib import Path
 
-from streams.tools.embedded import ephemeral_low, free_port
+from streams.devstack.embedded import ephemeral_low, free_port
 
 
 def test_free_ports_lie_below_the_ephemeral_range_and_are_never_repeated() -> None:

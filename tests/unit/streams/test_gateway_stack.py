@@ -4,7 +4,7 @@ port after the batch tracker's, with its API port in its environment."""
 from __future__ import annotations
 
 from schemas.settings import Settings
-from streams.tools.supervisor import Stack
+from streams.devstack.supervisor import Stack
 
 
 def test_the_stack_declares_a_gateway_child_only_when_asked() -> None:

@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-from streams.tools.logs import JsonFormatter
+from streams.devstack.logs import JsonFormatter
 
 
 def _record(message: str, *args: object, exc: bool = False) -> logging.LogRecord:

@@ -20,11 +20,11 @@ from schemas.errors import BackendUnavailable, InvalidRequest
 from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings, TracingSettings
 from streams.classify.classifier import SourceRecord, classify_record
+from streams.devstack.embedded import free_port
 from streams.kafka.otlp import SPANS, RecordSpans, resource, spans_for
 from streams.kafka.spans import UNREADABLE, Outcome, classified_outcome, lane_outcomes
 from streams.kafka.tracing import TRACEPARENT, TRACESTATE, read, trace_headers
 from streams.rules.engine import RuleBook
-from streams.tools.embedded import free_port
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"

@@ -19,9 +19,9 @@ from streams.classify.policy import Found
 from streams.classify.registry import ModelRegistry, builtin_registry
 from streams.classify.router import SmartRouter
 from streams.classify.tokens import TokenCounter, counting_model
+from streams.devstack.embedded import free_port
 from streams.rules.engine import RuleBook
 from streams.rules.rulefile import RuleSource
-from streams.tools.embedded import free_port
 from workers.models import resolve_gguf
 
 SETTINGS = Settings(routing=RoutingSettings(exploration=0.0))

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from schemas.messages import AnswerPath, Lane
 from streams.classify.router import PathStats
 from streams.stores.workerboard import PathCard, WorkerCard
-from streams.tools.top_view import Scrape, quantile, snapshot
+from streams.top.view import Scrape, quantile, snapshot
 
 
 class Process:

@@ -1,0 +1,453 @@
+"""``laneway bench classifier``: how many requests a second one classifier
+process answers by itself, measured black box through Kafka.
+
+The bench starts an embedded Tansu broker and Valkey (or uses the broker of
+``--bootstrap`` and the Redis of ``LANEWAY_REDIS_URL``), creates the topics
+under a prefix of its own, and starts one classifier process on them: no
+lane workers, no router. It stores a few answers in the response cache, then
+runs three phases on the same process, one after another:
+
+- ``rules``: greetings and the like that a rule answers;
+- ``exact``: questions whose answer is in the cache under their exact key;
+- ``semantic``: paraphrases of cached questions, answered from the semantic
+  cache (every request is embedded).
+
+Each phase produces ``n`` requests at once with a plain aiokafka producer at
+its default settings and reads the replies with a plain consumer; its rate is
+``n`` over the time from the first send to the last reply. Tenants' rate
+limits are set high enough not to refuse anything (the scripts still run).
+
+``python -m streams.bench.classifier --baseline DIR`` first measures a
+classifier started from another checkout (``DIR``, e.g. a ``git worktree``
+of an older commit) on the same broker and Redis, so the two are compared in
+one run on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from schemas.messages import AnswerPath, InferenceRequest, InferenceResult
+from schemas.settings import Settings
+from streams.bench.results import BenchRun, Figure
+from streams.cache.response import ResponseCache
+from streams.devstack.embedded import EmbeddedBroker, EmbeddedRedis, free_port
+from streams.devstack.supervisor import is_ready, metric_total
+from streams.kafka.topics import create_topics, wait_for_broker
+
+__all__ = [
+    "HELP",
+    "Classifier",
+    "PhaseRow",
+    "add_arguments",
+    "format_rows",
+    "main",
+    "measure",
+    "phase_requests",
+    "run",
+]
+
+HELP = "one classifier process alone: rule, exact-cache and semantic answers per second"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--requests", type=int, default=5000, help="requests per phase")
+
+
+RULE_PROMPTS = ["Hello!", "thanks", "ping", "help"]
+EXACT_PROMPTS = [
+    "What is the capital of France?",
+    "Name a colour.",
+    "What colour is the sky?",
+    "Name a fruit.",
+]
+# (stored question, paraphrase asked): all-MiniLM-L6-v2 cosine above the 0.93 threshold.
+SEMANTIC_PAIRS = [
+    ("How do I reset my password?", "how can I reset my password"),
+    ("Name a large animal that lives in the sea.", "Name a big animal living in the sea."),
+]
+PHASES = ("rules", "exact", "semantic")
+_UNLIMITED = json.dumps({"rps": 1_000_000, "burst": 1_000_000})
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRow:
+    label: str
+    phase: str
+    sent: int
+    answered: int
+    expected: int
+    """Answers of the kind the phase is about (rules, exact or semantic hits)."""
+    seconds: float
+    cpu_s: float | None = None
+    """CPU time the classifier process used in the phase (Linux only)."""
+    batches: float | None = None
+    """Batches the classifier took in the phase (from its /metrics)."""
+
+    @property
+    def rps(self) -> float:
+        return self.answered / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_batch(self) -> float | None:
+        return self.answered / self.batches if self.batches else None
+
+    @property
+    def cpu_us(self) -> float | None:
+        """Classifier CPU per answered request, microseconds."""
+        if self.cpu_s is None or not self.answered:
+            return None
+        return self.cpu_s / self.answered * 1e6
+
+
+def phase_requests(phase: str, n: int, tag: str) -> list[dict[str, Any]]:
+    """``n`` request bodies of one phase, ids unique to ``tag``."""
+    if phase == "rules":
+        prompts = RULE_PROMPTS
+    elif phase == "exact":
+        prompts = EXACT_PROMPTS
+    else:
+        prompts = [asked for _, asked in SEMANTIC_PAIRS]
+    return [
+        {"id": f"{tag}-{phase}-{i}", "prompt": prompts[i % len(prompts)], "max_tokens": 16}
+        for i in range(n)
+    ]
+
+
+def expected_kind(phase: str, result: InferenceResult) -> bool:
+    model = result.model or ""
+    if phase == "rules":
+        return result.path == AnswerPath.RULES
+    return model.startswith(f"cache:{phase}:")
+
+
+def format_rows(rows: Sequence[PhaseRow]) -> str:
+    head = (
+        f"{'classifier':12} {'phase':9} {'sent':>6} {'answered':>8} {'as meant':>8} "
+        f"{'req/s':>9} {'cpu us/req':>10} {'batch':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cpu = f"{r.cpu_us:10.0f}" if r.cpu_us is not None else f"{'-':>10}"
+        batch = f"{r.mean_batch:6.1f}" if r.mean_batch is not None else f"{'-':>6}"
+        lines.append(
+            f"{r.label:12} {r.phase:9} {r.sent:6d} {r.answered:8d} {r.expected:8d} "
+            f"{r.rps:9.1f} {cpu} {batch}"
+        )
+    return "\n".join(lines)
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux), else
+    ``None`` (also for no process)."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def batches_taken(port: int) -> float | None:
+    """``laneway_classifier_batch_size_count`` from the classifier's
+    /metrics (``None`` for a classifier without it, e.g. the baseline)."""
+    return metric_total(port, "laneway_classifier_batch_size_count")
+
+
+class Classifier:
+    """One classifier process on topics and Redis keys of its own."""
+
+    def __init__(
+        self, settings: Settings, label: str, source: Path | None, tag: str | None = None
+    ) -> None:
+        """``tag``: topic prefix, Redis prefix and app id (consumer group); one
+        of its own unless given (replicas of one classifier share it)."""
+        self.label = label
+        self.source = source
+        self.tag = tag or f"bench-{uuid.uuid4().hex[:8]}"
+        self.port = free_port()
+        kafka = settings.kafka.model_copy(update={"topic_prefix": self.tag})
+        redis = settings.redis.model_copy(update={"key_prefix": self.tag})
+        self.settings = settings.model_copy(
+            update={"kafka": kafka, "redis": redis, "app_id": self.tag}
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"{self.tag}-{label}.log"
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        env = {
+            **os.environ,
+            "LANEWAY_KAFKA_BOOTSTRAP": self.settings.kafka.bootstrap,
+            "LANEWAY_KAFKA_TOPIC_PREFIX": self.tag,
+            "LANEWAY_REDIS_URL": self.settings.redis.url,
+            "LANEWAY_REDIS_KEY_PREFIX": self.tag,
+            "LANEWAY_APP_ID": self.tag,
+            "LANEWAY_HTTP_PORT": str(self.port),
+            "LANEWAY_RATELIMIT_DEFAULT": _UNLIMITED,
+            "LANEWAY_LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+        }
+        cwd = None
+        if self.source is not None:
+            env["PYTHONPATH"] = str(self.source)
+            cwd = str(self.source)
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streams.cli.main", "classifier"],
+                env=env,
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        give_up = time.monotonic() + timeout_s
+        while not is_ready(self.port):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"classifier exited with {self.proc.returncode}: {self.tail()}")
+            if time.monotonic() > give_up:
+                raise TimeoutError(f"classifier not ready after {timeout_s}s: {self.tail()}")
+            time.sleep(0.2)
+
+    def tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-3000:]
+        return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def _seed_cache(settings: Settings) -> None:
+    """Answers a model gave earlier, stored as a worker stores them (no vector:
+    the classifier embeds them when it syncs its index)."""
+    redis = settings.redis.client()
+    try:
+        cache = ResponseCache(
+            redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=None
+        )
+        stored = [*EXACT_PROMPTS, *(original for original, _ in SEMANTIC_PAIRS)]
+        for i, prompt in enumerate(stored):
+            request = InferenceRequest(id=f"seed-{i}", prompt=prompt, max_tokens=16)
+            result = InferenceResult(
+                id=request.id,
+                status="ok",
+                output=f"answer {i}",
+                path=AnswerPath.LIGHT,
+                model="seed",
+            )
+            if not await cache.store(request, result):
+                raise RuntimeError(f"could not seed the cache with {prompt!r}")
+    finally:
+        await redis.aclose()
+
+
+class Replies:
+    """A plain consumer on the replies topic, from its end."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topic = settings.replies_topic
+        self.consumer = AIOKafkaConsumer(
+            enable_auto_commit=False, **settings.kafka.client_options()
+        )
+        self.seen: dict[str, tuple[float, InferenceResult]] = {}
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        partitions = None
+        for _ in range(100):
+            partitions = self.consumer.partitions_for_topic(self.topic)
+            if partitions:
+                break
+            await self.consumer._client.force_metadata_update()
+            await asyncio.sleep(0.1)
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions or ())]
+        self.consumer.assign(tps)
+        await self.consumer.seek_to_end(*tps)
+
+    async def wait_for(self, ids: set[str], idle_timeout_s: float = 60.0) -> None:
+        """Read until every id in ``ids`` was answered, or nothing came for a while."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while not ids <= self.seen.keys() and loop.time() - last < idle_timeout_s:
+            batch = await self.consumer.getmany(timeout_ms=200, max_records=5000)
+            now = time.perf_counter()
+            for records in batch.values():
+                for record in records:
+                    result = InferenceResult.model_validate_json(record.value)
+                    self.seen.setdefault(result.id, (now, result))
+                    last = loop.time()
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+
+
+async def _phase(
+    classifier: Classifier,
+    producer: AIOKafkaProducer,
+    replies: Replies,
+    phase: str,
+    n: int,
+) -> PhaseRow:
+    bodies = phase_requests(phase, n, f"{classifier.tag}-{uuid.uuid4().hex[:4]}")
+    topic = classifier.settings.topic("requests")
+    ids = {body["id"] for body in bodies}
+    pid = classifier.proc.pid if classifier.proc is not None else None
+    cpu_before = cpu_seconds(pid)
+    batches_before = batches_taken(classifier.port)
+    started = time.perf_counter()
+    futures = [
+        await producer.send(topic, json.dumps(body).encode(), key=body["id"].encode())
+        for body in bodies
+    ]
+    await asyncio.gather(*futures)
+    await replies.wait_for(ids)
+    cpu_after = cpu_seconds(pid)
+    batches_after = batches_taken(classifier.port)
+    answered = [replies.seen[i] for i in ids if i in replies.seen]
+    finished = max((at for at, _ in answered), default=started)
+    meant = sum(expected_kind(phase, result) for _, result in answered)
+    cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
+    batches = (
+        batches_after - batches_before
+        if batches_after is not None and batches_before is not None
+        else None
+    )
+    return PhaseRow(
+        classifier.label, phase, n, len(answered), meant, finished - started, cpu, batches
+    )
+
+
+async def _measure(classifier: Classifier, n: int) -> list[PhaseRow]:
+    settings = classifier.settings
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
+    replies = Replies(settings)
+    await producer.start()
+    await replies.start()
+    try:
+        # Warm up until every phase's kind is answered as meant: the index has
+        # synced the seeded entries and every topic's metadata is known.
+        give_up = time.monotonic() + 120
+        while True:
+            rows = [await _phase(classifier, producer, replies, p, 4) for p in PHASES]
+            if all(r.expected == r.sent for r in rows) or time.monotonic() > give_up:
+                break
+            await asyncio.sleep(0.5)
+        return [await _phase(classifier, producer, replies, p, n) for p in PHASES]
+    finally:
+        await replies.stop()
+        await producer.stop()
+
+
+@contextlib.contextmanager
+def _services(settings: Settings, external_broker: bool) -> Iterator[Settings]:
+    broker = None if external_broker else EmbeddedBroker()
+    redis = None if "url" in settings.redis.model_fields_set else EmbeddedRedis()
+    try:
+        if broker is not None:
+            broker.start()
+            kafka = settings.kafka.model_copy(update={"bootstrap": broker.bootstrap})
+            settings = settings.model_copy(update={"kafka": kafka})
+        if redis is not None:
+            redis.start()
+            settings = settings.model_copy(
+                update={"redis": settings.redis.model_copy(update={"url": redis.url})}
+            )
+        yield settings
+    finally:
+        if broker is not None:
+            broker.stop()
+        if redis is not None:
+            with contextlib.suppress(Exception):
+                redis.stop()
+
+
+def _run_one(settings: Settings, label: str, source: Path | None, n: int) -> list[PhaseRow]:
+    classifier = Classifier(settings, label, source)
+
+    async def prepare() -> None:
+        await wait_for_broker(classifier.settings)
+        await create_topics(classifier.settings)
+        await _seed_cache(classifier.settings)
+
+    asyncio.run(prepare())
+    classifier.start()
+    try:
+        return asyncio.run(_measure(classifier, n))
+    finally:
+        classifier.stop()
+
+
+def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
+    """``laneway bench classifier``: this checkout's classifier alone."""
+    return measure(settings, args)
+
+
+def measure(
+    settings: Settings,
+    args: argparse.Namespace,
+    *,
+    baseline: Path | None = None,
+    baseline_n: int | None = None,
+) -> BenchRun:
+    """Measure, print the table; 1 when a request went unanswered."""
+    n = args.requests
+    external = bool(getattr(args, "bootstrap", None))
+    rows: list[PhaseRow] = []
+    with _services(settings, external) as running:
+        if baseline is not None:
+            rows += _run_one(running, "baseline", baseline, baseline_n or n)
+        rows += _run_one(running, "this", None, n)
+    print(f"\nlaneway bench classifier: one classifier process, {n} requests per phase")
+    print(format_rows(rows))
+    if baseline is not None:
+        for phase in PHASES:
+            before = next(r for r in rows if r.label == "baseline" and r.phase == phase)
+            after = next(r for r in rows if r.label == "this" and r.phase == phase)
+            ratio = after.rps / before.rps if before.rps else float("inf")
+            print(f"{phase:9} {before.rps:9.1f} -> {after.rps:9.1f} req/s ({ratio:.1f}x)")
+    figures = {
+        f"{r.phase}_rps": Figure(r.rps, "req/s", f"{r.phase} answers per second, one classifier")
+        for r in rows
+        if r.label == "this"
+    }
+    return BenchRun(1 if any(r.answered < r.sent for r in rows) else 0, figures)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_classifier", description=__doc__)
+    parser.add_argument("-n", "--requests", type=int, default=5000)
+    parser.add_argument("--bootstrap", help="use this broker instead of an embedded one")
+    parser.add_argument("--baseline", type=Path, help="another checkout to measure first")
+    parser.add_argument("--baseline-n", type=int, help="requests per phase for the baseline")
+    args = parser.parse_args(argv)
+    settings = Settings()
+    if args.bootstrap:
+        kafka = settings.kafka.model_copy(update={"bootstrap": args.bootstrap})
+        settings = settings.model_copy(update={"kafka": kafka})
+    return measure(settings, args, baseline=args.baseline, baseline_n=args.baseline_n).exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

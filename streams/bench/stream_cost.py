@@ -1,0 +1,178 @@
+"""``laneway bench stream-cost``: what streaming costs in throughput.
+
+The same model-only workload (simple and hard prompts past the response
+cache, so every answer is decoded) is sent in legs that alternate: not
+streamed, streamed, not streamed, streamed ... on one stack, through one
+kind of client. Each leg's throughput is the tokens its answers hold over
+its wall time; the figure is the streamed legs' tokens/s over the others',
+from the same run. The streamed legs also give the time to first token
+against the total latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.messages import Lane
+from schemas.settings import Settings
+from streams.bench.drive import (
+    HARD_PROMPTS,
+    NO_CACHE,
+    SIMPLE_PROMPTS,
+    Sample,
+    _percentile,
+    add_client_arguments,
+    drive,
+    stack_for,
+)
+from streams.bench.results import BenchRun, Figure
+
+__all__ = [
+    "DRIVES_STACK",
+    "HELP",
+    "Leg",
+    "add_arguments",
+    "format_legs",
+    "model_workload",
+    "run",
+]
+
+HELP = "model answers' tokens/s streamed against not streamed, alternated on one stack"
+DRIVES_STACK = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_client_arguments(parser)
+    parser.add_argument("--rounds", type=int, default=2, help="legs of each kind, alternated")
+    parser.add_argument(
+        "--lane",
+        choices=[lane.value for lane in Lane],
+        default="medium",
+        help="the lane its requests ask for",
+    )
+    parser.add_argument(
+        "--path", choices=["light", "heavy"], default="heavy", help="which model answers"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Leg:
+    streamed: bool
+    answered: int
+    errors: int
+    lost: int
+    tokens: int
+    seconds: float
+    p50_ms: float
+    ttft_p50_ms: float | None
+    chunks: int = 0
+    """``result_chunk`` records its answers came in (0: not streamed)."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+
+def model_workload(
+    n: int, max_tokens: int, model: str = "heavy", lane: str = "medium"
+) -> list[dict[str, Any]]:
+    """``n`` requests for ``model`` (a path the registry names) on ``lane``,
+    two simple prompts to one hard, each asked once (numbered): no copy
+    shares another's decode, and the router's changing view of the paths
+    moves nothing between legs."""
+    prompts = [*SIMPLE_PROMPTS, *HARD_PROMPTS[:2]]
+    return [
+        {
+            "prompt": f"{prompts[i % len(prompts)]} (question {i + 1})",
+            "max_tokens": max_tokens,
+            "metadata": NO_CACHE,
+            "model": model,
+            "lane": lane,
+        }
+        for i in range(n)
+    ]
+
+
+def leg_of(samples: list[Sample], started: float, lost: int, streamed: bool) -> Leg:
+    ok = [s for s in samples if s.status == "ok"]
+    firsts = sorted(s.ttft_ms for s in ok if s.ttft_ms is not None)
+    return Leg(
+        streamed=streamed,
+        answered=len(ok),
+        errors=len(samples) - len(ok),
+        lost=lost,
+        tokens=sum(s.completion_tokens for s in ok),
+        seconds=max((s.finished_at for s in samples), default=started) - started,
+        p50_ms=_percentile(sorted(s.latency_ms for s in ok), 0.5),
+        ttft_p50_ms=_percentile(firsts, 0.5) if firsts else None,
+        chunks=sum(s.chunks for s in ok),
+    )
+
+
+def format_legs(legs: list[Leg]) -> str:
+    head = (
+        f"{'leg':>3} {'streamed':>8} {'ok':>4} {'err':>4} {'lost':>4} {'tokens':>7} "
+        f"{'s':>7} {'tok/s':>7} {'p50 ms':>8} {'ttft p50':>9} {'tok/chunk':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for i, leg in enumerate(legs, 1):
+        ttft = f"{leg.ttft_p50_ms:9.1f}" if leg.ttft_p50_ms is not None else f"{'-':>9}"
+        per_chunk = f"{leg.tokens / leg.chunks:9.1f}" if leg.chunks else f"{'-':>9}"
+        lines.append(
+            f"{i:3d} {'yes' if leg.streamed else 'no':>8} {leg.answered:4d} {leg.errors:4d} "
+            f"{leg.lost:4d} {leg.tokens:7d} {leg.seconds:7.1f} {leg.tokens_per_s:7.1f} "
+            f"{leg.p50_ms:8.1f} {ttft} {per_chunk}"
+        )
+    return "\n".join(lines)
+
+
+async def _legs(settings: Settings, args: argparse.Namespace) -> list[Leg]:
+    legs = []
+    workload = model_workload(args.requests, args.max_tokens, args.path, args.lane)
+    for _ in range(args.rounds):
+        for streamed in (False, True):
+            samples, started, lost = await drive(
+                settings,
+                workload,
+                args.concurrency,
+                timeout_s=300,
+                client_kind=args.client,
+                stream=streamed,
+            )
+            legs.append(leg_of(samples, started, lost, streamed))
+    return legs
+
+
+def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
+    with stack_for(settings, args.embedded, args.realtime_workers, args.log_file) as running:
+        legs = asyncio.run(_legs(running, args))
+    print(
+        f"\nlaneway bench stream-cost: {args.requests} requests for {args.path} on "
+        f"{args.lane} a leg, "
+        f"max_tokens {args.max_tokens}, concurrency {args.concurrency}, client {args.client}, "
+        f"{args.rounds} legs of each, alternated"
+    )
+    print(format_legs(legs))
+    plain = statistics.fmean(leg.tokens_per_s for leg in legs if not leg.streamed)
+    streamed = statistics.fmean(leg.tokens_per_s for leg in legs if leg.streamed)
+    print(
+        f"streamed: {streamed:.1f} tokens/s against {plain:.1f} not streamed: "
+        f"{streamed / max(plain, 1e-9):.1%}"
+    )
+    ttfts = [leg.ttft_p50_ms for leg in legs if leg.ttft_p50_ms is not None]
+    figures = {
+        "streamed_tokens_per_s": Figure(streamed, "tokens/s", "streamed legs' tokens/s"),
+        "plain_tokens_per_s": Figure(plain, "tokens/s", "not streamed legs' tokens/s"),
+        "streamed_share": Figure(
+            streamed / max(plain, 1e-9), "ratio", "streamed tokens/s over not streamed"
+        ),
+        "ttft_p50_ms": Figure(
+            statistics.fmean(ttfts) if ttfts else None, "ms", "time to first token p50"
+        ),
+        "lost": Figure(sum(leg.lost for leg in legs), "requests", "requests with no answer"),
+    }
+    return BenchRun(1 if any(leg.lost for leg in legs) else 0, figures)

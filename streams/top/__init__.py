@@ -1,0 +1,2 @@
+"""`laneway top`: scraping a running stack (`live`) and the view drawn from
+the scrapes (`view`)."""
