@@ -34,6 +34,7 @@ MODES = (
     "pipeline",
     "router",
     "gpu",
+    "gateway",
 )
 """Every mode, the module ``streams.bench.<mode with _ for ->``."""
 
