@@ -39,11 +39,11 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from schemas.errors import BackendUnavailable
-from schemas.messages import AnswerPath, ChatMessage, Lane, RequestLimits
+from schemas.messages import AnswerPath, ChatMessage, RequestLimits
 from schemas.settings import Settings
 from streams.cache.embedding import Embedder, MiniLMEmbedder
 from streams.cache.hot_questions import HotQuestions
@@ -668,15 +668,11 @@ class BatchClassifier:
             history=looked.history,
             serving=self._serving(),
             full=self._full_for(looked.found),
+            place=self._place,
             rollout=self._rollout(),
             tokens=self.tokens,
         )
         decision = classified.decision
-        if self._gate is not None and _to_realtime_model(classified):
-            assert decision is not None
-            partition = self._gate.sent(path=decision.path)
-            if partition is not None:  # the worker with room: records[0] is the lane's
-                classified.records[0] = replace(classified.records[0], partition=partition)
         if self.tally is not None and decision is not None:
             taken = decision.requested_path or decision.path
             for version, path in classified.router_shadows:
@@ -696,6 +692,12 @@ class BatchClassifier:
             return None
         return self._gate.full
 
+    def _place(self, path: AnswerPath) -> int | None:
+        """The realtime partition for a request routed there, counted on the
+        gate as it is routed, so a burst in one wave fills the lane no
+        further than one at a time would."""
+        return None if self._gate is None else self._gate.sent(path=path)
+
     def _failed(self, record: SourceRecord, exc: BaseException) -> Classified:
         """A bug on one record: that record to the DLQ, its batch-mates go on."""
         log.error(
@@ -709,11 +711,3 @@ class BatchClassifier:
         )
         error = BackendUnavailable(f"classifier error: {type(exc).__name__}: {exc}")
         return Classified("rejected", [dlq_for(record, error, self.settings)])
-
-
-def _to_realtime_model(classified: Classified) -> bool:
-    """A model request routed to the realtime lane."""
-    decision = classified.decision
-    return (
-        classified.outcome == "routed" and decision is not None and decision.lane is Lane.REALTIME
-    )
