@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from schemas.errors import blames_path_code
 from schemas.messages import AnswerPath, Lane, QualityEvent
 from schemas.settings import RoutingSettings
 from streams.classify.features import Complexity, RequestFeatures
@@ -67,7 +68,7 @@ class PathStats:
         lane) say nothing about the path and only count in ``n``."""
         self.n += 1
         self.updated_ms = event.ts_ms
-        if event.error_code in ("INF-429", "INF-400"):
+        if not blames_path_code(event.error_code):
             return
         self.outcomes.append(1 if event.success else 0)
         del self.outcomes[:-window]
