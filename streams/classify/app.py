@@ -108,8 +108,8 @@ def source_record(record: ConsumerRecord) -> SourceRecord:
 
 def batch_sender(app: faust.App) -> BatchSend:
     """``send`` for ``deliver`` through faust's own (acks=all) aiokafka
-    producer, a batch per partition (``streams.kafka.batches``): the agent's
-    hot path produces thousands of records a second, and ``app.send`` costs a
+    producer, a batch per partition (``streams.kafka.batches``): the request
+    loop's hot path produces thousands of records a second, and ``app.send`` costs a
     topic object, a future message and a producer call per record."""
 
     async def producer() -> Any:

@@ -29,8 +29,9 @@ dead-letters that record alone and its batch-mates are answered. Redis
 trouble follows ``streams.stores.failopen``: the batch is still answered
 by rules and routing.
 
-The faust agent (``streams.classify.app``) only turns events into
-``SourceRecord`` s, calls ``BatchClassifier.classify`` and delivers.
+The request loop (``streams.classify.app``, a plain aiokafka intake) only
+turns records into ``SourceRecord`` s, calls ``BatchClassifier.classify``
+and delivers.
 """
 
 from __future__ import annotations
@@ -456,9 +457,9 @@ class Pipeline:
     they were chained, while the next batch is looked up and classified.
 
     A step starts only when the one before it finished, so records are
-    produced, sessions appended and events acked in batch order; the
-    agent chains a batch's acks after its last delivery, and waits for the
-    previous batch before it chains the next (one batch in flight). ``keys``
+    produced, sessions appended and records marked done in batch order;
+    the request loop chains a batch's acks after its last delivery, and
+    waits for the previous batch before it chains the next (one batch in flight). ``keys``
     are the ordering keys of the steps not yet done: a batch that shares one
     waits (``clear_of``) before its lookups, so a session's next turn still
     reads the history its previous turn wrote. A step that fails stops every
@@ -553,7 +554,7 @@ class BatchClassifier:
         The caller delivers and remembers a wave before asking for the next,
         so a later turn of a session sees the earlier one. ``before`` is
         awaited with the batch's ordering keys before its first lookup (the
-        agent waits there for an earlier batch still delivering one of them)."""
+        request loop waits there for an earlier batch still delivering one of them)."""
         now_ms, limits = self._clock_ms(), self.settings.request_limits()
         admitted = [self._admit(r, now_ms, limits) for r in records]
         keys = [_ordering_keys(r, a) for r, a in zip(records, admitted, strict=True)]

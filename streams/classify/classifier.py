@@ -1,7 +1,8 @@
 """The classifier's decision for one request record, as pure functions.
 
-The faust agent (``streams.classify.app``) decodes nothing itself. ``admit`` turns a
-raw record into an accepted request or a refusal; the batch pipeline
+The request loop (``streams.classify.app``, a plain aiokafka intake) decodes
+nothing itself. ``admit`` turns a raw record into an accepted request or a
+refusal; the batch pipeline
 (``streams.classify.batch``) then asks Redis what a whole batch needs (rate
 limits, session histories, cache, rule lookups) in one round trip, and
 ``route`` turns each request and what was found into the records to
