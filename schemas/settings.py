@@ -257,7 +257,7 @@ class LaneSettings(BaseSettings):
     always served), by their registry names. Unset: realtime the cheapest
     path of the model registry (built-in: ``light``), bulk the most capable
     (``heavy``), medium every path that serves the lane (both); see
-    ``streams.classify.registry.worker_paths``. The router sends a lane only
+    ``streams.routing.registry.worker_paths``. The router sends a lane only
     the paths that a live worker on it announces (``streams.stores.workerboard``)."""
     nice: int = Field(default=5, ge=0, le=19)
     """CPU priority of the lane's worker processes (``os.nice``): on a shared
@@ -322,7 +322,7 @@ class LimitsSettings(BaseSettings):
 
 
 class RoutingSettings(BaseSettings):
-    """Request classification and the smart router (``streams.classify.features``,
+    """Request classification and the smart router (``streams.routing.features``,
     ``streams.classify.router``)."""
 
     model_config = _config("LANEWAY_ROUTING_")

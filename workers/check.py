@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from schemas.errors import LanewayError
 from schemas.messages import AnswerPath, ChatMessage
 from schemas.settings import Settings
-from streams.classify.registry import ModelRegistry, load_registry
+from streams.routing.registry import ModelRegistry, load_registry
 from workers.backends import Backend, GenerationInput, create_backend, map_backend_exception
 
 __all__ = ["ModelCheck", "check_paths", "model_of", "probe", "run_check"]

@@ -14,7 +14,7 @@ path the router chose; INF-502 only when no path can serve. A CUDA error
 opens the breaker at once and drops the loaded backend: the probe after the
 cooldown loads it again.
 
-A path may have several versions (``streams.classify.registry``): a worker
+A path may have several versions (``streams.routing.registry``): a worker
 loads the active version of each of its paths (``slots``) and every other
 version that is not retired (``versions``, keyed by path and version). A
 request routed to a version runs on that version's slot; when it cannot
@@ -54,7 +54,7 @@ from schemas.messages import (
     Usage,
 )
 from schemas.settings import BackendSettings
-from streams.classify.registry import ModelEntry, ModelRegistry, builtin_registry
+from streams.routing.registry import ModelEntry, ModelRegistry, builtin_registry
 from streams.stores.sessions import with_history
 from workers.backends.base import (
     Backend,

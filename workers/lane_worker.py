@@ -41,12 +41,12 @@ from pydantic import ValidationError
 from schemas.messages import AnswerPath, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
-from streams.classify.registry import load_registry, worker_paths
 from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.otlp import exporter_for
 from streams.kafka.spans import handled_records, lane_outcomes
 from streams.kafka.tracing import Traces, child_trace, header, traced
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
+from streams.routing.registry import load_registry, worker_paths
 from streams.stores.backlog import BacklogBoard, DrainRate
 from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
 from workers.batcher import collect_batch

@@ -55,7 +55,6 @@ from streams.classify.drift import DriftMonitor
 from streams.classify.flow import FlowController
 from streams.classify.gate import RealtimeGate, realtime_workers
 from streams.classify.policy import Decision
-from streams.classify.registry import load_registry
 from streams.classify.router import RouteBoard, SmartRouter
 from streams.classify.tokens import TokenCounter
 from streams.kafka.batches import BatchSend
@@ -78,6 +77,7 @@ from streams.ops import (
 )
 from streams.rollout.board import RolloutBoard
 from streams.rollout.routers import RouterCatalog, ShadowTally, tally_key
+from streams.routing.registry import load_registry
 from streams.rules.rulefile import RuleSource
 from streams.stores.backlog import BacklogBoard, LatencyBoard, lane_loads
 from streams.stores.workerboard import WorkerBoard, lane_capacity, served_paths

@@ -58,15 +58,16 @@ from streams.classify.classifier import (
     route,
 )
 from streams.classify.drift import DriftMonitor
-from streams.classify.features import RequestFeatures, TextTraits, text_traits
 from streams.classify.flow import LaneFull
 from streams.classify.gate import RealtimeGate
 from streams.classify.policy import Found
-from streams.classify.router import PathStats, SmartRouter
+from streams.classify.router import SmartRouter
 from streams.classify.tokens import TokenCounter, texts_of
 from streams.kafka.envelopes import dlq_for
 from streams.rollout.assign import RolloutView
 from streams.rollout.routers import ShadowTally
+from streams.routing.features import RequestFeatures, TextTraits, text_traits
+from streams.routing.stats import PathStats
 from streams.rules.engine import RuleAnswer, RuleMatch
 from streams.rules.rulefile import RuleSource
 from streams.stores.ratelimit import RateLimiter, Verdict

@@ -57,8 +57,7 @@ from schemas.settings import Settings
 from streams.classify.flow import LaneFull, Shed
 from streams.classify.lanes import Routing, decide_route
 from streams.classify.policy import Decision, Found
-from streams.classify.registry import ModelRegistry, builtin_registry, lanes_serving
-from streams.classify.router import PathStats, SmartRouter
+from streams.classify.router import SmartRouter
 from streams.classify.tokens import TokenCounter
 from streams.kafka.envelopes import (
     Outbound,
@@ -69,6 +68,8 @@ from streams.kafka.envelopes import (
 )
 from streams.rollout.assign import RolloutView
 from streams.rollout.routers import RouterView
+from streams.routing.registry import ModelRegistry, builtin_registry, lanes_serving
+from streams.routing.stats import PathStats
 from streams.rules.engine import RuleBook
 from streams.stores.workerboard import Serving
 

@@ -22,8 +22,9 @@ from schemas.messages import AnswerPath, InferenceRequest, Lane
 from schemas.settings import Settings
 from streams.classify.flow import LaneFull, Shed, apply_level, spills
 from streams.classify.policy import Decision, Found, decide
-from streams.classify.registry import ModelRegistry, NamedModel
-from streams.classify.router import PathStats, SmartRouter
+from streams.classify.router import SmartRouter
+from streams.routing.registry import ModelRegistry, NamedModel
+from streams.routing.stats import PathStats
 
 __all__ = ["Routing", "decide_route"]
 

@@ -27,7 +27,6 @@ from aiohttp import web
 from schemas.messages import InferenceRequest, InferenceResult
 from schemas.settings import GatewaySettings
 from streams.chunks import StreamDelta
-from streams.classify.registry import ModelRegistry
 from streams.client import LanewayClient
 from streams.gateway import metrics
 from streams.gateway.errors import GatewayError, from_error_info
@@ -43,6 +42,7 @@ from streams.gateway.translate import (
     parse_request,
     to_request,
 )
+from streams.routing.registry import ModelRegistry
 
 __all__ = ["Gateway"]
 

@@ -20,11 +20,11 @@ import socket
 from aiohttp import web
 
 from schemas.settings import Settings
-from streams.classify.registry import load_registry
 from streams.client import LanewayClient
 from streams.gateway.app import Gateway
 from streams.gateway.keys import KeyRing
 from streams.ops import ProcessState, heartbeat
+from streams.routing.registry import load_registry
 
 __all__ = ["GatewayServer", "gateway_client_id", "serve_gateway"]
 

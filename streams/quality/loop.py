@@ -64,8 +64,7 @@ from schemas.errors import InvalidRequest
 from schemas.messages import AnswerPath, Feedback, QualityEvent, describe_errors
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
-from streams.classify.registry import load_registry
-from streams.classify.router import PathStats, RouteBoard
+from streams.classify.router import RouteBoard
 from streams.kafka.envelopes import Outbound, deliver, dlq_for
 from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
@@ -83,6 +82,8 @@ from streams.quality.records import (
 from streams.rollout.board import RolloutBoard
 from streams.rollout.rollback import decide, routers_to_drain
 from streams.rollout.routers import ROUTER_KIND, ROUTER_NAME, RouterCatalog
+from streams.routing.registry import load_registry
+from streams.routing.stats import PathStats
 from streams.stores.backlog import LatencyBoard
 
 __all__ = ["Answered", "build_quality_app", "router_app_id"]

@@ -17,8 +17,8 @@ from typing import Any
 from schemas.errors import blames_path_code
 from schemas.messages import AnswerPath, Feedback, Lane, QualityEvent
 from schemas.settings import Settings
-from streams.classify.router import PathStats
 from streams.rollout.rollback import RouterRecord
+from streams.routing.stats import PathStats
 
 __all__ = [
     "ROUTER_FIELD",

@@ -33,9 +33,9 @@ import pytest
 
 from schemas.messages import AnswerPath, InferenceRequest, Lane, QualityEvent, RoutedRequest
 from schemas.settings import Settings
-from streams.classify.registry import load_registry
 from streams.client import LanewayClient
 from streams.rollout import state
+from streams.routing.registry import load_registry
 from streams.tools.embedded import free_port
 from streams.tools.supervisor import Stack
 

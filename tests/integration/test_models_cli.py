@@ -14,9 +14,9 @@ import redis.asyncio as aioredis
 
 from schemas.messages import AnswerPath
 from schemas.settings import Settings
-from streams.classify.registry import load_registry
 from streams.rollout.board import RolloutBoard
 from streams.rollout.state import RolloutStore, VersionRollout
+from streams.routing.registry import load_registry
 from streams.tools.cli import _parser
 from streams.tools.models_cli import run_models
 

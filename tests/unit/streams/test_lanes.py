@@ -9,8 +9,8 @@ from streams.classify.classifier import Admitted, SourceRecord, admit, route
 from streams.classify.flow import LaneFull, Shed
 from streams.classify.lanes import decide_route
 from streams.classify.policy import Found
-from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
+from streams.routing.registry import builtin_registry
 from streams.rules.engine import RuleBook
 
 SETTINGS = Settings(routing=RoutingSettings(exploration=0.0))

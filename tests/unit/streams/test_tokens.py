@@ -16,9 +16,9 @@ from streams.cache.response import CacheHit
 from streams.classify.batch import BatchClassifier, BatchLookups
 from streams.classify.classifier import Admitted, SourceRecord, admit, classify_record, route
 from streams.classify.policy import Found
-from streams.classify.registry import ModelRegistry, builtin_registry
 from streams.classify.router import SmartRouter
 from streams.classify.tokens import TokenCounter, counting_model
+from streams.routing.registry import ModelRegistry, builtin_registry
 from streams.rules.engine import RuleBook
 from streams.rules.rulefile import RuleSource
 from streams.tools.embedded import free_port

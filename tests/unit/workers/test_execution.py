@@ -13,7 +13,7 @@ from schemas.errors import (
 )
 from schemas.messages import AnswerPath, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import BackendSettings
-from streams.classify.registry import ModelRegistry, builtin_registry
+from streams.routing.registry import ModelRegistry, builtin_registry
 from workers.backends.base import (
     Backend,
     Generation,

@@ -57,7 +57,7 @@ from pydantic import (
 
 from schemas.messages import AUTO_MODEL, AnswerPath, Lane
 from schemas.settings import BackendSettings, Settings
-from streams.classify.features import Complexity
+from streams.routing.features import Complexity
 
 __all__ = [
     "ModelEntry",
