@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.backends import BackendName
 from schemas.messages import AnswerPath, Lane, RequestLimits
 
 __all__ = [
@@ -534,9 +535,9 @@ class BackendSettings(BaseSettings):
 
     model_config = _config("LANEWAY_BACKEND_")
 
-    light: Literal["llamacpp", "openai", "vllm", "rules"] = "llamacpp"
+    light: BackendName = "llamacpp"
     light_model: str = "smollm2-135m"
-    heavy: Literal["llamacpp", "openai", "vllm", "rules"] = "llamacpp"
+    heavy: BackendName = "llamacpp"
     heavy_model: str = "gemma3-270m"
     model_dir: Path = Path.home() / ".cache" / "laneway" / "models"
     """Where models assembled from wheels (Gemma's chunks) are written once."""

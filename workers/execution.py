@@ -37,6 +37,7 @@ from typing import TypeGuard
 
 from prometheus_client import Gauge
 
+from schemas.backends import BACKEND_KINDS
 from schemas.errors import (
     BackendUnavailable,
     CudaFailure,
@@ -202,10 +203,9 @@ def _slot(settings: BackendSettings, path: AnswerPath, entry: ModelEntry | None)
         kind, model, version = "rules", "rules", None
     else:
         kind, model, version = entry.backend, entry.name, entry.version
-    if entry is not None and entry.max_batch is not None:
-        settings = settings.model_copy(
-            update={"llamacpp_max_sequences": entry.max_batch, "vllm_max_num_seqs": entry.max_batch}
-        )
+    field = BACKEND_KINDS[entry.backend].max_batch_field if entry is not None else None
+    if entry is not None and entry.max_batch is not None and field is not None:
+        settings = settings.model_copy(update={field: entry.max_batch})
     label = f"{path}={kind}:{model}" + (f"@{version}" if version is not None else "")
     return BackendSlot(
         functools.partial(create_backend, kind, model, settings),

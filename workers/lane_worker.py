@@ -38,6 +38,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
+from schemas.backends import backend_kind
 from schemas.messages import AnswerPath, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
@@ -70,9 +71,6 @@ AnsweredHook = Callable[[Sequence[tuple[RoutedRequest, InferenceResult]]], Await
 history; the worker's ``BatchRunner`` stores model answers in the cache as
 soon as they are decoded). It must not raise and must be idempotent: a
 redelivered batch calls it again."""
-
-DEVICES = {"llamacpp": "cpu", "rules": "cpu", "vllm": "cuda", "openai": "remote"}
-"""Where each backend kind runs, as announced on the worker board."""
 
 IN_FLIGHT = Gauge(
     "laneway_lane_in_flight",
@@ -587,6 +585,10 @@ class LaneWorker:
 def _path_card(path: AnswerPath, slot: BackendSlot) -> PathCard:
     backend = slot.backend
     assert backend is not None
-    return PathCard(
-        path, backend.kind, backend.model, DEVICES.get(backend.kind, "cpu"), slot.version
-    )
+    return PathCard(path, backend.kind, backend.model, _device(backend.kind), slot.version)
+
+
+def _device(kind: str) -> str:
+    """Where a backend of ``kind`` runs, as announced on the worker board."""
+    known = backend_kind(kind)
+    return "cpu" if known is None else known.device

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
+from schemas.backends import BACKEND_KINDS, backend_kind
 from schemas.errors import (
     BackendUnavailable,
     CudaFailure,
@@ -92,25 +93,17 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-_BACKENDS = {
-    "llamacpp": "workers.backends.llamacpp:LlamaCppBackend",
-    "openai": "workers.backends.openai:OpenAIBackend",
-    "vllm": "workers.backends.vllm:VLLMBackend",
-    "rules": "workers.backends.rules:RulesBackend",
-}
-
-
 def create_backend(kind: str, model: str, settings: BackendSettings) -> Backend:
-    try:
-        module_name, class_name = _BACKENDS[kind].split(":")
-    except KeyError:
-        raise BackendUnavailable(
-            f"unknown backend {kind!r}; choose one of {sorted(_BACKENDS)}"
-        ) from None
+    """A backend of ``kind`` (one of ``schemas.backends.BACKEND_KINDS``),
+    its module imported now."""
+    known = backend_kind(kind)
+    if known is None:
+        raise BackendUnavailable(f"unknown backend {kind!r}; choose one of {sorted(BACKEND_KINDS)}")
+    module_name, class_name = known.target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = " (install laneway[gpu])" if kind == "vllm" else ""
+        hint = f" (install laneway[{known.extra}])" if known.extra else ""
         raise BackendUnavailable(f"backend {kind!r} cannot be imported{hint}: {exc}") from exc
     backend: Backend = getattr(module, class_name)(model, settings)
     return backend
