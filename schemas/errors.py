@@ -13,8 +13,9 @@ client may retry, and whether the offending record belongs on the DLQ.
 answered (``blames_path`` false), so the router's statistics, the quality
 loop and the distillation labels leave it out (``blames_path_code``).
 
-Foreign exceptions are translated at the boundary (see
-``workers.backends.base.map_backend_exception``) with ``raise ... from exc``.
+Foreign exceptions are translated at the boundary by their type, with a
+map each backend declares (``workers.backends.base.map_backend_exception``),
+and raised ``from`` the foreign one.
 """
 
 from __future__ import annotations

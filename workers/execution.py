@@ -62,6 +62,7 @@ from workers.backends.base import (
     Generation,
     GenerationInput,
     create_backend,
+    errors_of,
     map_backend_exception,
 )
 from workers.batcher import run_batch
@@ -130,7 +131,7 @@ class BackendSlot:
                 if backend is not None:
                     with contextlib.suppress(Exception):
                         await backend.close()
-                self._error = map_backend_exception(exc)
+                self._error = map_backend_exception(exc, errors_of(backend))
                 if not isinstance(self._error, BackendUnavailable):
                     self._error = BackendUnavailable(self._error.message)
                 self._failed_at = time.monotonic()
@@ -235,7 +236,8 @@ async def _infer_splitting(
 ) -> list[Generation | LanewayError]:
     """Out of memory on a batch: run its halves, down to single requests,
     before answering MEM-ERR."""
-    outcomes = await run_batch(backend.infer_batch, inputs, map_backend_exception)
+    mapping = functools.partial(map_backend_exception, errors=errors_of(backend))
+    outcomes = await run_batch(backend.infer_batch, inputs, mapping)
     if len(inputs) > 1 and all(isinstance(o, OutOfMemory) for o in outcomes):
         half = len(inputs) // 2
         log.warning("out of memory on a batch of %d; retrying in halves", len(inputs))
