@@ -25,6 +25,11 @@ produce. Outcomes:
                           version sampled decides too, and only its path is
                           kept (``Classified.router_shadows``), never acted on
 
+Which of these it is, and the lane, path and realtime partition, is decided
+once, a step at a time, by ``streams.classify.lanes.decide_route``
+(``Classified.routing`` keeps each step); ``route`` builds the records from
+that decision and nothing changes them afterwards.
+
 An accepted request whose tenant is over its rate limit is turned into an
 INF-429 result by ``refuse_over_limit``. ``classify_record`` chains the
 steps with no I/O (built-in rules, no cache), for tests and tools.

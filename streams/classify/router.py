@@ -8,9 +8,10 @@ lowest wins, among the eligible paths whose success rate is at least
 fails keep its traffic). ``latency_norm`` and ``cost_norm`` divide by the largest value
 among the eligible paths, so the score compares paths on one request, not
 against a fixed scale. ``success_rate`` is the windowed success rate times
-the path's feedback quality. Statistics (``PathStats``) come from the
-quality loop (``streams.quality.loop``) through Redis; a path never measured
-uses its registry figures. A small exploration rate sends a request to
+the path's feedback quality. Statistics
+(``streams.routing.stats.PathStats``) come from the quality loop
+(``streams.quality.loop``) through Redis; a path never measured uses its
+registry figures. A small exploration rate sends a request to
 another eligible path now and then, so a path that recovered wins its
 traffic back.
 
