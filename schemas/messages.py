@@ -64,7 +64,7 @@ class Lane(StrEnum):
 class AnswerPath(str):
     """A way to answer a request: ``cache`` and ``rules`` (answered in the
     classifier), or a *model path*, named by the model registry
-    (``streams.classify.registry``): the built-in registry has ``light``
+    (``streams.routing.registry``): the built-in registry has ``light``
     (SmolLM2-135M) and ``heavy`` (Gemma-3-270M), and a registry file may name
     more (a third model is one more entry). On the wire a path is a string
     of 1-32 lowercase letters, digits, ``_`` and ``-``, starting with a

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.backends import BackendName
 from schemas.messages import AnswerPath, Lane, RequestLimits
 
 __all__ = [
@@ -257,7 +258,7 @@ class LaneSettings(BaseSettings):
     always served), by their registry names. Unset: realtime the cheapest
     path of the model registry (built-in: ``light``), bulk the most capable
     (``heavy``), medium every path that serves the lane (both); see
-    ``streams.classify.registry.worker_paths``. The router sends a lane only
+    ``streams.routing.registry.worker_paths``. The router sends a lane only
     the paths that a live worker on it announces (``streams.stores.workerboard``)."""
     nice: int = Field(default=5, ge=0, le=19)
     """CPU priority of the lane's worker processes (``os.nice``): on a shared
@@ -322,7 +323,7 @@ class LimitsSettings(BaseSettings):
 
 
 class RoutingSettings(BaseSettings):
-    """Request classification and the smart router (``streams.classify.features``,
+    """Request classification and the smart router (``streams.routing.features``,
     ``streams.classify.router``)."""
 
     model_config = _config("LANEWAY_ROUTING_")
@@ -534,9 +535,9 @@ class BackendSettings(BaseSettings):
 
     model_config = _config("LANEWAY_BACKEND_")
 
-    light: Literal["llamacpp", "openai", "vllm", "rules"] = "llamacpp"
+    light: BackendName = "llamacpp"
     light_model: str = "smollm2-135m"
-    heavy: Literal["llamacpp", "openai", "vllm", "rules"] = "llamacpp"
+    heavy: BackendName = "llamacpp"
     heavy_model: str = "gemma3-270m"
     model_dir: Path = Path.home() / ".cache" / "laneway" / "models"
     """Where models assembled from wheels (Gemma's chunks) are written once."""

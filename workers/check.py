@@ -23,8 +23,14 @@ from dataclasses import asdict, dataclass
 from schemas.errors import LanewayError
 from schemas.messages import AnswerPath, ChatMessage
 from schemas.settings import Settings
-from streams.classify.registry import ModelRegistry, load_registry
-from workers.backends import Backend, GenerationInput, create_backend, map_backend_exception
+from streams.routing.registry import ModelRegistry, load_registry
+from workers.backends import (
+    Backend,
+    GenerationInput,
+    create_backend,
+    errors_of,
+    map_backend_exception,
+)
 
 __all__ = ["ModelCheck", "check_paths", "model_of", "probe", "run_check"]
 
@@ -70,7 +76,7 @@ async def probe(backend: Backend, *, timeout_s: float = PROBE_TIMEOUT_S) -> tupl
     except BaseException as exc:  # every failure is a failed check
         if isinstance(exc, asyncio.CancelledError):
             raise
-        error = map_backend_exception(exc)
+        error = map_backend_exception(exc, errors_of(backend))
         return False, f"{error.code}: {error.message}"
     if len(outcomes) != 1:
         return False, f"backend returned {len(outcomes)} outcomes for 1 input"
@@ -105,7 +111,7 @@ async def check_paths(
                 await asyncio.wait_for(backend.load(), timeout_s)
             ok, detail = await probe(backend, timeout_s=timeout_s)
         except Exception as exc:  # a model that cannot load fails its check
-            error = map_backend_exception(exc)
+            error = map_backend_exception(exc, errors_of(backend))
             ok, detail = False, f"{error.code}: {error.message}"
         finally:
             if given is None and backend is not None:

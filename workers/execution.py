@@ -14,7 +14,7 @@ path the router chose; INF-502 only when no path can serve. A CUDA error
 opens the breaker at once and drops the loaded backend: the probe after the
 cooldown loads it again.
 
-A path may have several versions (``streams.classify.registry``): a worker
+A path may have several versions (``streams.routing.registry``): a worker
 loads the active version of each of its paths (``slots``) and every other
 version that is not retired (``versions``, keyed by path and version). A
 request routed to a version runs on that version's slot; when it cannot
@@ -37,6 +37,7 @@ from typing import TypeGuard
 
 from prometheus_client import Gauge
 
+from schemas.backends import BACKEND_KINDS
 from schemas.errors import (
     BackendUnavailable,
     CudaFailure,
@@ -54,13 +55,14 @@ from schemas.messages import (
     Usage,
 )
 from schemas.settings import BackendSettings
-from streams.classify.registry import ModelEntry, ModelRegistry, builtin_registry
+from streams.routing.registry import ModelEntry, ModelRegistry, builtin_registry
 from streams.stores.sessions import with_history
 from workers.backends.base import (
     Backend,
     Generation,
     GenerationInput,
     create_backend,
+    errors_of,
     map_backend_exception,
 )
 from workers.batcher import run_batch
@@ -129,7 +131,7 @@ class BackendSlot:
                 if backend is not None:
                     with contextlib.suppress(Exception):
                         await backend.close()
-                self._error = map_backend_exception(exc)
+                self._error = map_backend_exception(exc, errors_of(backend))
                 if not isinstance(self._error, BackendUnavailable):
                     self._error = BackendUnavailable(self._error.message)
                 self._failed_at = time.monotonic()
@@ -202,10 +204,9 @@ def _slot(settings: BackendSettings, path: AnswerPath, entry: ModelEntry | None)
         kind, model, version = "rules", "rules", None
     else:
         kind, model, version = entry.backend, entry.name, entry.version
-    if entry is not None and entry.max_batch is not None:
-        settings = settings.model_copy(
-            update={"llamacpp_max_sequences": entry.max_batch, "vllm_max_num_seqs": entry.max_batch}
-        )
+    field = BACKEND_KINDS[entry.backend].max_batch_field if entry is not None else None
+    if entry is not None and entry.max_batch is not None and field is not None:
+        settings = settings.model_copy(update={field: entry.max_batch})
     label = f"{path}={kind}:{model}" + (f"@{version}" if version is not None else "")
     return BackendSlot(
         functools.partial(create_backend, kind, model, settings),
@@ -235,7 +236,8 @@ async def _infer_splitting(
 ) -> list[Generation | LanewayError]:
     """Out of memory on a batch: run its halves, down to single requests,
     before answering MEM-ERR."""
-    outcomes = await run_batch(backend.infer_batch, inputs, map_backend_exception)
+    mapping = functools.partial(map_backend_exception, errors=errors_of(backend))
+    outcomes = await run_batch(backend.infer_batch, inputs, mapping)
     if len(inputs) > 1 and all(isinstance(o, OutOfMemory) for o in outcomes):
         half = len(inputs) // 2
         log.warning("out of memory on a batch of %d; retrying in halves", len(inputs))

@@ -38,15 +38,16 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
+from schemas.backends import backend_kind
 from schemas.messages import AnswerPath, InferenceResult, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
-from streams.classify.registry import load_registry, worker_paths
 from streams.kafka.envelopes import Outbound, deliver
 from streams.kafka.otlp import spans_for
 from streams.kafka.spans import UNREADABLE, lane_outcomes
 from streams.kafka.tracing import Traces, trace_headers, traced
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
+from streams.routing.registry import load_registry, worker_paths
 from streams.stores.backlog import BacklogBoard, DrainRate
 from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
 from workers.batcher import collect_batch
@@ -70,9 +71,6 @@ AnsweredHook = Callable[[Sequence[tuple[RoutedRequest, InferenceResult]]], Await
 history; the worker's ``BatchRunner`` stores model answers in the cache as
 soon as they are decoded). It must not raise and must be idempotent: a
 redelivered batch calls it again."""
-
-DEVICES = {"llamacpp": "cpu", "rules": "cpu", "vllm": "cuda", "openai": "remote"}
-"""Where each backend kind runs, as announced on the worker board."""
 
 IN_FLIGHT = Gauge(
     "laneway_lane_in_flight",
@@ -587,6 +585,10 @@ class LaneWorker:
 def _path_card(path: AnswerPath, slot: BackendSlot) -> PathCard:
     backend = slot.backend
     assert backend is not None
-    return PathCard(
-        path, backend.kind, backend.model, DEVICES.get(backend.kind, "cpu"), slot.version
-    )
+    return PathCard(path, backend.kind, backend.model, _device(backend.kind), slot.version)
+
+
+def _device(kind: str) -> str:
+    """Where a backend of ``kind`` runs, as announced on the worker board."""
+    known = backend_kind(kind)
+    return "cpu" if known is None else known.device

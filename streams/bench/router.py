@@ -170,8 +170,8 @@ def _oof(
     """Out-of-fold ``p`` and heavy decisions (each fold's own calibrated threshold)."""
     from sklearn.model_selection import StratifiedKFold
 
-    from streams.distill.learned import LearnedRouter, RouterArtifact
     from streams.distill.train import fit_heads
+    from streams.routing.learned import LearnedRouter, RouterArtifact
 
     p = np.zeros(len(good))
     heavy = np.zeros(len(good), dtype=bool)
@@ -223,13 +223,13 @@ def _boosting_auc(x: np.ndarray, good: np.ndarray, folds: int) -> float | None:
 
 def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     from streams.cache.embedding import MiniLMEmbedder
-    from streams.classify.features import extract_features
-    from streams.classify.registry import load_registry
     from streams.distill.evaluate import auc, curve, heavy_share_at_quality, point, rule_heavy
     from streams.distill.labels import label_rows
-    from streams.distill.learned import feature_names, feature_values, vectorise
     from streams.distill.report import Report, plot_curve
     from streams.distill.rows import ExportRow
+    from streams.routing.features import extract_features
+    from streams.routing.learned import feature_names, feature_values, vectorise
+    from streams.routing.registry import load_registry
     from streams.rules.rulefile import RuleSource
     from workers.models import KNOWN_MODELS
 

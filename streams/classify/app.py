@@ -55,7 +55,6 @@ from streams.classify.drift import DriftMonitor
 from streams.classify.flow import FlowController
 from streams.classify.gate import RealtimeGate, realtime_workers
 from streams.classify.policy import Decision
-from streams.classify.registry import load_registry
 from streams.classify.router import RouteBoard, SmartRouter
 from streams.classify.tokens import TokenCounter
 from streams.kafka.batches import BatchSend
@@ -78,11 +77,12 @@ from streams.ops import (
 )
 from streams.rollout.board import RolloutBoard
 from streams.rollout.routers import RouterCatalog, ShadowTally, tally_key
+from streams.routing.registry import load_registry
 from streams.rules.rulefile import RuleSource
-from streams.stores.backlog import BacklogBoard, LatencyBoard, lane_loads
-from streams.stores.workerboard import WorkerBoard, lane_capacity, served_paths
+from streams.stores.backlog import BacklogBoard, LaneLoad, LatencyBoard, lane_loads
+from streams.stores.workerboard import Serving, WorkerBoard, lane_capacity, served_paths
 
-__all__ = ["build_app", "observe_outcomes", "source_record"]
+__all__ = ["ClassifierService", "build_app", "observe_outcomes", "source_record"]
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ def source_record(record: ConsumerRecord) -> SourceRecord:
 
 def batch_sender(app: faust.App) -> BatchSend:
     """``send`` for ``deliver`` through faust's own (acks=all) aiokafka
-    producer, a batch per partition (``streams.kafka.batches``): the agent's
-    hot path produces thousands of records a second, and ``app.send`` costs a
+    producer, a batch per partition (``streams.kafka.batches``): the request
+    loop's hot path produces thousands of records a second, and ``app.send`` costs a
     topic object, a future message and a producer call per record."""
 
     async def producer() -> Any:
@@ -119,86 +119,139 @@ def batch_sender(app: faust.App) -> BatchSend:
     return BatchSend(producer)
 
 
-def build_app(
-    settings: Settings, state: ProcessState, rules: RuleSource | None = None
-) -> faust.App:
-    redis = settings.redis.client()
-    rules = rules or RuleSource.from_settings(settings.rules)
-    lookups = BatchLookups(settings, redis, rules)
-    registry = load_registry(settings.routing.models_file, settings.backend)
-    router = SmartRouter(registry, settings.routing)
-    routes = RouteBoard(redis, settings.redis.key_prefix)
-    workers = WorkerBoard(redis, settings.redis.key_prefix, stale_s=3 * settings.worker_heartbeat_s)
-    routers = RouterCatalog(settings.routing)
-    rollout = RolloutBoard(
-        redis, settings.redis.key_prefix, registry, workers, routers if routers.enabled else None
-    )
-    tally = ShadowTally()
-    live: dict[str, Any] = {"serving": None, "loads": None}
-    """What the timers last read: the worker board, and the lane backlog
-    board (``None``: Redis could not say)."""
-    backlog_board = BacklogBoard(redis, settings.redis.key_prefix)
-    latency_board = LatencyBoard(redis, settings.redis.key_prefix)
-    flow = FlowController(settings.flow.enter, settings.flow.exit, settings.flow.hold_s)
-    gate = RealtimeGate(settings.flow)  # realtime full? between the workers' reports too
-    slow = FlowController(
-        settings.flow.p95_enter_ms, settings.flow.p95_exit_ms, settings.flow.hold_s
-    )
-    drift = DriftMonitor(settings.drift)
-    batches = BatchClassifier(
-        settings,
-        lookups,
-        router,
-        stats=lambda: routes.snapshot,
-        level=lambda: max(flow.level, slow.level),
-        serving=lambda: live["serving"],
-        gate=gate,
-        drift=drift,
-        rollout=lambda: rollout.current,
-        tally=tally,
-        tokens=TokenCounter.for_registry(settings, registry),
-    )
-    app = new_app(settings, settings.app_id, consumer=False)
-    send = raw_sender(app)
-    produce = batch_sender(app)
-    take = settings.classifier
-    warm = {"assigned": False, "loaded": False}
-    spans = spans_for(settings.tracing, "classifier", settings.app_id)  # exported: an endpoint
+class ClassifierService:
+    """The classifier process: its boards, its ``BatchClassifier``, and the
+    faust app (``app``) whose task, timers and shutdown hook are the methods
+    below. State the timers read and write is kept here as attributes."""
 
-    def _ready() -> None:
+    def __init__(
+        self, settings: Settings, state: ProcessState, rules: RuleSource | None = None
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        redis = self.redis = settings.redis.client()
+        prefix = settings.redis.key_prefix
+        self.rules = rules or RuleSource.from_settings(settings.rules)
+        self.lookups = BatchLookups(settings, redis, self.rules)
+        registry = load_registry(settings.routing.models_file, settings.backend)
+        self.router = SmartRouter(registry, settings.routing)
+        self.routes = RouteBoard(redis, prefix)
+        self.workers = WorkerBoard(redis, prefix, stale_s=3 * settings.worker_heartbeat_s)
+        routers = RouterCatalog(settings.routing)
+        self.rollout = RolloutBoard(
+            redis, prefix, registry, self.workers, routers if routers.enabled else None
+        )
+        self.tally = ShadowTally()
+        self.serving: Serving | None = None
+        """Per lane, the paths live workers serve, as last read (``None``:
+        Redis could not say)."""
+        self.loads: dict[Lane, LaneLoad] | None = None
+        """The lane backlog board as last read (``None``: Redis could not say)."""
+        self.backlog_board = BacklogBoard(redis, prefix)
+        self.latency_board = LatencyBoard(redis, prefix)
+        flow = settings.flow
+        self.flow = FlowController(flow.enter, flow.exit, flow.hold_s)
+        self.gate = RealtimeGate(flow)  # realtime full? between the workers' reports too
+        self.slow = FlowController(flow.p95_enter_ms, flow.p95_exit_ms, flow.hold_s)
+        self.drift = DriftMonitor(settings.drift)
+        self.batches = BatchClassifier(
+            settings,
+            self.lookups,
+            self.router,
+            stats=lambda: self.routes.snapshot,
+            level=self.level,
+            serving=lambda: self.serving,
+            gate=self.gate,
+            drift=self.drift,
+            rollout=lambda: self.rollout.current,
+            tally=self.tally,
+            tokens=TokenCounter.for_registry(settings, registry),
+        )
+        self.app = new_app(settings, settings.app_id, consumer=False)
+        self.send = raw_sender(self.app)
+        self.produce = batch_sender(self.app)
+        self.assigned = False
+        self.loaded = False
+        self.spans = spans_for(
+            settings.tracing, "classifier", settings.app_id
+        )  # exported: an endpoint
+        take = settings.classifier
+        self.intake = Intake(
+            settings,
+            settings.topic("requests"),
+            settings.app_id,
+            max_records=take.batch_max,
+            wait_s=take.batch_wait_ms / 1000,
+            settle_s=take.settle_s,
+            on_assigned=self._assigned,
+        )
+        self._register()
+
+    def _register(self) -> None:
+        app, settings = self.app, self.settings
+        app.task(self.classify)
+        app.on_before_shutdown.connect(self._drain)  # type: ignore[arg-type]
+        app.timer(settings.flow.interval_s)(self.watch_load)
+        app.timer(settings.flow.gate_interval_s)(self.watch_realtime)
+        app.timer(settings.worker_heartbeat_s)(self.read_worker_board)
+        app.timer(settings.routing.weights_refresh_s)(self.refresh_routes)
+        app.timer(settings.rollout.refresh_s)(self.refresh_rollout)
+        app.timer(settings.rules.reload_interval_s)(self.reload_rules)
+        app.timer(settings.cache.sync_interval_s)(self.sync_cache)
+        app.timer(settings.prewarm.flush_interval_s)(self.count_hot_questions)
+        app.timer(settings.drift.interval_s)(self.watch_drift)
+        app.timer(1.0)(self._heartbeat)
+        app.task(self._warm)
+
+    def level(self) -> int:
+        """The load level: the higher of the backlog's and the p95 latency's."""
+        return max(self.flow.level, self.slow.level)
+
+    # -- readiness -----------------------------------------------------------
+
+    def _ready(self) -> None:
         """Ready once partitions are assigned and the embedder is loaded."""
-        state.ready = warm["assigned"] and warm["loaded"]
+        self.state.ready = self.assigned and self.loaded
 
-    def _assigned(assigned: set[Any]) -> None:
-        warm["assigned"] = True
-        state.detail = f"classifying {len(assigned)} partitions"
-        _ready()
+    def _assigned(self, assigned: set[Any]) -> None:
+        self.assigned = True
+        self.state.detail = f"classifying {len(assigned)} partitions"
+        self._ready()
 
-    intake = Intake(
-        settings,
-        settings.topic("requests"),
-        settings.app_id,
-        max_records=take.batch_max,
-        wait_s=take.batch_wait_ms / 1000,
-        settle_s=take.settle_s,
-        on_assigned=_assigned,
-    )
+    async def _warm(self) -> None:
+        """Load the embedder, the token counter's vocabulary and the route
+        statistics before the first request needs them, so its latency is
+        not a model load."""
+        if self.batches.tokens is not None:
+            await asyncio.to_thread(self.batches.tokens.load)
+        await self.routes.refresh()
+        await self.rollout.refresh()
+        if self.lookups.semantic:
+            await self.lookups.cache.sync()
+        _settle_the_heap()
+        self.loaded = True
+        self._ready()
 
-    @app.task
-    async def classify() -> None:
+    async def _heartbeat(self) -> None:
+        self.state.beat()  # /healthz fails when the loop stops running this
+
+    # -- the request loop ----------------------------------------------------
+
+    async def classify(self) -> None:
         # The gate's marks before the first batch: a restart's backlog comes
         # as one burst, and the timers first fire an interval after start.
-        await read_workers()
-        if settings.flow.enabled:
-            await read_realtime_load()
-        await intake.start()
+        await self.read_workers()
+        if self.settings.flow.enabled:
+            await self.read_realtime_load()
+        await self.intake.start()
         pipeline = Pipeline()  # batch N is produced and acked while N+1 is looked up
+        spans = self.spans
         try:
-            async for taken in intake.batches():
+            async for taken in self.intake.batches():
                 taken_ns = time.time_ns()
                 BATCH_SIZE.observe(len(taken.records))
                 records = [source_record(record) for record in taken.records]
-                waves = batches.classify_waves(records, before=pipeline.clear_of)
+                waves = self.batches.classify_waves(records, before=pipeline.clear_of)
                 done = 0
                 async for wave in waves:
                     outcomes = [classified for _, classified in wave]
@@ -211,53 +264,56 @@ def build_app(
                         else []
                     )
                     await pipeline.wait()  # one batch in flight at most, and its errors surface
-                    wave_done = partial(settle, outcomes, out, handled)
+                    wave_done = partial(self.settle, outcomes, out, handled)
                     pipeline.chain(wave_done, wave_keys(records, wave))
                     done += len(wave)
                     if done < len(records):  # another wave: it reads what this one wrote
                         await pipeline.wait()
-                pipeline.chain(partial(acked, taken))
+                pipeline.chain(partial(self.acked, taken))
         except BaseException:
-            intake.abandon()  # nothing still open is committed; the process stops
+            self.intake.abandon()  # nothing still open is committed; the process stops
             raise
 
-    @app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def _drain(sender: Any, **kwargs: Any) -> None:
+    async def _drain(self, sender: Any, **kwargs: Any) -> None:
         """Stop taking, let the batches in flight finish, commit, leave the group."""
-        await intake.stop()
-        await spans.aclose()  # what is queued, within the export timeout
+        await self.intake.stop()
+        await self.spans.aclose()  # what is queued, within the export timeout
 
-    async def settle(outcomes: list[Classified], out: list[Outbound], handled: list[Ended]) -> None:
+    async def settle(
+        self, outcomes: list[Classified], out: list[Outbound], handled: list[Ended]
+    ) -> None:
         """Produce a wave's records (``out``) and wait for every ack; then end
         its spans, and keep its sessions and metrics."""
-        await deliver(out, produce, settings)
-        spans.finish(handled)
-        await lookups.remember(outcomes)
+        await deliver(out, self.produce, self.settings)
+        self.spans.finish(handled)
+        await self.lookups.remember(outcomes)
         observe_outcomes(outcomes)
 
-    async def acked(taken: Taken) -> None:
+    async def acked(self, taken: Taken) -> None:
         """Every output of the batch is acknowledged: its offsets may move."""
-        intake.done(taken)
+        self.intake.done(taken)
 
-    @app.timer(settings.flow.interval_s)
-    async def watch_load() -> None:
+    # -- load and the realtime gate ------------------------------------------
+
+    async def watch_load(self) -> None:
         """Re-read lane backlog and p95 latency; move the load level (hysteresis)."""
-        if not settings.flow.enabled:
+        if not self.settings.flow.enabled:
             return
-        before = max(flow.level, slow.level)
+        before = self.level()
         now = time.monotonic()
-        loads = live["loads"]  # watch_realtime's last read, at most gate_interval_s old
+        loads = self.loads  # watch_realtime's last read, at most gate_interval_s old
         backlog: dict[Lane, int] | None = None
         if loads is not None:  # None: Redis cannot say, keep the level we have
             backlog = {lane: load.waiting for lane, load in loads.items()}
             for lane, waiting in backlog.items():
                 BACKLOG.labels(lane).set(waiting)
-            flow.update(sum(backlog.values()), now)
-        latency = await latency_board.read()
+            self.flow.update(sum(backlog.values()), now)
+        latency = await self.latency_board.read()
         if latency is not None:
             # Bulk is slow by design; the interactive lanes say when users wait.
-            slow.update(max(latency.get(Lane.REALTIME, 0.0), latency.get(Lane.MEDIUM, 0.0)), now)
-        level = max(flow.level, slow.level)
+            interactive = max(latency.get(Lane.REALTIME, 0.0), latency.get(Lane.MEDIUM, 0.0))
+            self.slow.update(interactive, now)
+        level = self.level()
         FLOW_LEVEL.set(level)
         if level != before:
             log.warning(
@@ -268,72 +324,67 @@ def build_app(
                 {k.value: round(v) for k, v in (latency or {}).items()},
             )
 
-    async def read_realtime_load() -> None:
+    async def read_realtime_load(self) -> None:
         """The lane backlog board, for the gate: a worker reports as its
         batches start and end."""
-        reports = await backlog_board.read_reports()
+        reports = await self.backlog_board.read_reports()
         if reports is None:  # Redis cannot say; the gate fails open once stale
-            live["loads"] = None
+            self.loads = None
             return
-        loads = live["loads"] = lane_loads(reports)
+        loads = self.loads = lane_loads(reports)
         realtime = loads[Lane.REALTIME]
+        gate = self.gate
         gate.reported(realtime.waiting, realtime.drain_per_s, realtime.at_ms)
         for report in reports:
             load = report.load
             if report.lane is Lane.REALTIME and load.at_ms is not None:
                 gate.worker_reported(report.worker_id, load.waiting, load.drain_per_s, load.at_ms)
 
-    async def read_workers() -> None:
+    async def read_workers(self) -> None:
         """Which paths live workers serve on each lane (``None``: Redis
         cannot say), and what the realtime ones run at once and on which
         partitions (the gate's marks, and where it steers)."""
-        cards = await workers.live()
-        live["serving"] = None if cards is None else served_paths(cards)
-        gate.serving(None if cards is None else lane_capacity(cards).get(Lane.REALTIME))
-        if settings.flow.realtime_steer:
-            gate.workers(None if cards is None else realtime_workers(cards))
+        cards = await self.workers.live()
+        self.serving = None if cards is None else served_paths(cards)
+        self.gate.serving(None if cards is None else lane_capacity(cards).get(Lane.REALTIME))
+        if self.settings.flow.realtime_steer:
+            self.gate.workers(None if cards is None else realtime_workers(cards))
 
-    @app.timer(settings.flow.gate_interval_s)
-    async def watch_realtime() -> None:
+    async def watch_realtime(self) -> None:
         """Re-read the realtime load more often than the load levels (which
         read what this read last)."""
-        if settings.flow.enabled:
-            await read_realtime_load()
+        if self.settings.flow.enabled:
+            await self.read_realtime_load()
 
-    @app.timer(settings.worker_heartbeat_s)
-    async def read_worker_board() -> None:
-        await read_workers()
+    async def read_worker_board(self) -> None:
+        await self.read_workers()
 
-    @app.timer(settings.routing.weights_refresh_s)
-    async def refresh_routes() -> None:
-        await routes.refresh()
+    # -- what the classifier reads from Redis and files ----------------------
 
-    @app.timer(settings.rollout.refresh_s)
-    async def refresh_rollout() -> None:
+    async def refresh_routes(self) -> None:
+        await self.routes.refresh()
+
+    async def refresh_rollout(self) -> None:
         """The live model versions (``laneway models``) and who serves them;
         the router scores each path by its active version's registry entry."""
-        router.registry = (await rollout.refresh()).registry
-        await tally.flush(redis, tally_key(settings.redis.key_prefix))
+        self.router.registry = (await self.rollout.refresh()).registry
+        await self.tally.flush(self.redis, tally_key(self.settings.redis.key_prefix))
 
-    @app.timer(settings.rules.reload_interval_s)
-    async def reload_rules() -> None:
-        if rules.reload_if_changed():
-            log.info("rules reloaded from %s", settings.rules.file)
+    async def reload_rules(self) -> None:
+        if self.rules.reload_if_changed():
+            log.info("rules reloaded from %s", self.settings.rules.file)
 
-    @app.timer(settings.cache.sync_interval_s)
-    async def sync_cache() -> None:
-        if lookups.semantic:
-            await lookups.cache.sync()
+    async def sync_cache(self) -> None:
+        if self.lookups.semantic:
+            await self.lookups.cache.sync()
 
-    @app.timer(settings.prewarm.flush_interval_s)
-    async def count_hot_questions() -> None:
-        await lookups.hot.flush()
+    async def count_hot_questions(self) -> None:
+        await self.lookups.hot.flush()
 
-    @app.timer(settings.drift.interval_s)
-    async def watch_drift() -> None:
-        if not settings.drift.enabled:
+    async def watch_drift(self) -> None:
+        if not self.settings.drift.enabled:
             return
-        drifted = drift.publish()
+        drifted = self.drift.publish()
         if drifted:
             log.warning("request features drifted from the baseline: %s", drifted)
             now_ms = int(time.time() * 1000)
@@ -346,30 +397,18 @@ def build_app(
                 drift=drifted,
             )
             out = Outbound(
-                settings.topic("quality"), event.id.encode(), event.model_dump_json().encode()
+                self.settings.topic("quality"),
+                event.id.encode(),
+                event.model_dump_json().encode(),
             )
-            await deliver([out], send, settings)
+            await deliver([out], self.send, self.settings)
 
-    @app.timer(1.0)
-    async def _heartbeat() -> None:
-        state.beat()  # /healthz fails when the loop stops running this
 
-    @app.task
-    async def _warm() -> None:
-        """Load the embedder, the token counter's vocabulary and the route
-        statistics before the first request needs them, so its latency is
-        not a model load."""
-        if batches.tokens is not None:
-            await asyncio.to_thread(batches.tokens.load)
-        await routes.refresh()
-        await rollout.refresh()
-        if lookups.semantic:
-            await lookups.cache.sync()
-        _settle_the_heap()
-        warm["loaded"] = True
-        _ready()
-
-    return app
+def build_app(
+    settings: Settings, state: ProcessState, rules: RuleSource | None = None
+) -> faust.App:
+    """The classifier's faust app (``ClassifierService.app``)."""
+    return ClassifierService(settings, state, rules).app
 
 
 def _settle_the_heap() -> None:

@@ -29,8 +29,9 @@ dead-letters that record alone and its batch-mates are answered. Redis
 trouble follows ``streams.stores.failopen``: the batch is still answered
 by rules and routing.
 
-The faust agent (``streams.classify.app``) only turns events into
-``SourceRecord`` s, calls ``BatchClassifier.classify`` and delivers.
+The request loop (``streams.classify.app``, a plain aiokafka intake) only
+turns records into ``SourceRecord`` s, calls ``BatchClassifier.classify``
+and delivers.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from schemas.errors import BackendUnavailable
-from schemas.messages import AnswerPath, ChatMessage, Lane, RequestLimits
+from schemas.messages import AnswerPath, ChatMessage, RequestLimits
 from schemas.settings import Settings
 from streams.cache.embedding import Embedder, MiniLMEmbedder
 from streams.cache.hot_questions import HotQuestions
@@ -57,15 +58,16 @@ from streams.classify.classifier import (
     route,
 )
 from streams.classify.drift import DriftMonitor
-from streams.classify.features import RequestFeatures, TextTraits, text_traits
 from streams.classify.flow import LaneFull
 from streams.classify.gate import RealtimeGate
 from streams.classify.policy import Found
-from streams.classify.router import PathStats, SmartRouter
+from streams.classify.router import SmartRouter
 from streams.classify.tokens import TokenCounter, texts_of
 from streams.kafka.envelopes import dlq_for
 from streams.rollout.assign import RolloutView
 from streams.rollout.routers import ShadowTally
+from streams.routing.features import RequestFeatures, TextTraits, text_traits
+from streams.routing.stats import PathStats
 from streams.rules.engine import RuleAnswer, RuleMatch
 from streams.rules.rulefile import RuleSource
 from streams.stores.ratelimit import RateLimiter, Verdict
@@ -456,9 +458,9 @@ class Pipeline:
     they were chained, while the next batch is looked up and classified.
 
     A step starts only when the one before it finished, so records are
-    produced, sessions appended and events acked in batch order; the
-    agent chains a batch's acks after its last delivery, and waits for the
-    previous batch before it chains the next (one batch in flight). ``keys``
+    produced, sessions appended and records marked done in batch order;
+    the request loop chains a batch's acks after its last delivery, and
+    waits for the previous batch before it chains the next (one batch in flight). ``keys``
     are the ordering keys of the steps not yet done: a batch that shares one
     waits (``clear_of``) before its lookups, so a session's next turn still
     reads the history its previous turn wrote. A step that fails stops every
@@ -553,7 +555,7 @@ class BatchClassifier:
         The caller delivers and remembers a wave before asking for the next,
         so a later turn of a session sees the earlier one. ``before`` is
         awaited with the batch's ordering keys before its first lookup (the
-        agent waits there for an earlier batch still delivering one of them)."""
+        request loop waits there for an earlier batch still delivering one of them)."""
         now_ms, limits = self._clock_ms(), self.settings.request_limits()
         admitted = [self._admit(r, now_ms, limits) for r in records]
         keys = [_ordering_keys(r, a) for r, a in zip(records, admitted, strict=True)]
@@ -668,15 +670,11 @@ class BatchClassifier:
             history=looked.history,
             serving=self._serving(),
             full=self._full_for(looked.found),
+            place=self._place,
             rollout=self._rollout(),
             tokens=self.tokens,
         )
         decision = classified.decision
-        if self._gate is not None and _to_realtime_model(classified):
-            assert decision is not None
-            partition = self._gate.sent(path=decision.path)
-            if partition is not None:  # the worker with room: records[0] is the lane's
-                classified.records[0] = replace(classified.records[0], partition=partition)
         if self.tally is not None and decision is not None:
             taken = decision.requested_path or decision.path
             for version, path in classified.router_shadows:
@@ -696,6 +694,12 @@ class BatchClassifier:
             return None
         return self._gate.full
 
+    def _place(self, path: AnswerPath) -> int | None:
+        """The realtime partition for a request routed there, counted on the
+        gate as it is routed, so a burst in one wave fills the lane no
+        further than one at a time would."""
+        return None if self._gate is None else self._gate.sent(path=path)
+
     def _failed(self, record: SourceRecord, exc: BaseException) -> Classified:
         """A bug on one record: that record to the DLQ, its batch-mates go on."""
         log.error(
@@ -709,11 +713,3 @@ class BatchClassifier:
         )
         error = BackendUnavailable(f"classifier error: {type(exc).__name__}: {exc}")
         return Classified("rejected", [dlq_for(record, error, self.settings)])
-
-
-def _to_realtime_model(classified: Classified) -> bool:
-    """A model request routed to the realtime lane."""
-    decision = classified.decision
-    return (
-        classified.outcome == "routed" and decision is not None and decision.lane is Lane.REALTIME
-    )

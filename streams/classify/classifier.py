@@ -1,7 +1,8 @@
 """The classifier's decision for one request record, as pure functions.
 
-The faust agent (``streams.classify.app``) decodes nothing itself. ``admit`` turns a
-raw record into an accepted request or a refusal; the batch pipeline
+The request loop (``streams.classify.app``, a plain aiokafka intake) decodes
+nothing itself. ``admit`` turns a raw record into an accepted request or a
+refusal; the batch pipeline
 (``streams.classify.batch``) then asks Redis what a whole batch needs (rate
 limits, session histories, cache, rule lookups) in one round trip, and
 ``route`` turns each request and what was found into the records to
@@ -24,6 +25,11 @@ produce. Outcomes:
                           version sampled decides too, and only its path is
                           kept (``Classified.router_shadows``), never acted on
 
+Which of these it is, and the lane, path and realtime partition, is decided
+once, a step at a time, by ``streams.classify.lanes.decide_route``
+(``Classified.routing`` keeps each step); ``route`` builds the records from
+that decision and nothing changes them afterwards.
+
 An accepted request whose tenant is over its rate limit is turned into an
 INF-429 result by ``refuse_over_limit``. ``classify_record`` chains the
 steps with no I/O (built-in rules, no cache), for tests and tools.
@@ -36,7 +42,7 @@ answer's completion tokens are those its model counted when it was stored.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from schemas.errors import DeadlineExceeded, InvalidRequest, LanewayError, RateLimited
@@ -45,7 +51,6 @@ from schemas.messages import (
     ChatMessage,
     InferenceRequest,
     InferenceResult,
-    Lane,
     RequestLimits,
     RoutedRequest,
     Timings,
@@ -54,10 +59,10 @@ from schemas.messages import (
     peek_reply_address,
 )
 from schemas.settings import Settings
-from streams.classify.flow import LaneFull, Shed, apply_level, spills
-from streams.classify.policy import Decision, Found, decide
-from streams.classify.registry import ModelRegistry, builtin_registry, lanes_serving
-from streams.classify.router import PathStats, SmartRouter
+from streams.classify.flow import LaneFull, Shed
+from streams.classify.lanes import Routing, decide_route
+from streams.classify.policy import Decision, Found
+from streams.classify.router import SmartRouter
 from streams.classify.tokens import TokenCounter
 from streams.kafka.envelopes import (
     Outbound,
@@ -68,6 +73,8 @@ from streams.kafka.envelopes import (
 )
 from streams.rollout.assign import RolloutView
 from streams.rollout.routers import RouterView
+from streams.routing.registry import ModelRegistry, builtin_registry, lanes_serving
+from streams.routing.stats import PathStats
 from streams.rules.engine import RuleBook
 from streams.stores.workerboard import Serving
 
@@ -122,6 +129,8 @@ class Classified:
     router_shadows: tuple[tuple[str, AnswerPath], ...] = ()
     """Per shadow router version sampled, the path it would have chosen
     (compare with ``decision.path``, the one taken)."""
+    routing: Routing | None = None
+    """What each step of the lane's decision decided (``lanes.decide_route``)."""
 
 
 def admit(
@@ -179,6 +188,7 @@ def route(
     history: Sequence[ChatMessage] = (),
     serving: Serving | None = None,
     full: Callable[[AnswerPath], LaneFull | None] | None = None,
+    place: Callable[[AnswerPath], int | None] | None = None,
     rollout: RolloutView | None = None,
     tokens: TokenCounter | None = None,
 ) -> Classified:
@@ -186,7 +196,9 @@ def route(
     ``serving``: per lane, the paths live workers serve (``None``: not known);
     ``full``: asked with the path of a model request put on the realtime
     lane, that lane when it is too full for it (``flow.LaneFull``; the
-    realtime gate's ``full``); ``rollout``: the model versions (``None``:
+    realtime gate's ``full``); ``place``: asked with the path of a request
+    routed to the realtime lane, the partition to write it to (the realtime
+    gate's ``sent``; ``None``: the key's); ``rollout``: the model versions (``None``:
     no version is named); ``tokens``: counts the tokens of an answer given
     here (``None``: its usage says 0, but a cache entry's own count)."""
     request, reply_to = admitted.request, admitted.reply_to
@@ -200,41 +212,28 @@ def route(
     if routers is not None and settings.routing.force_path is None and named is None:
         router_version = routers.version_for(request)
         chooser = router.with_learned(routers.learned(router_version))
-    decision = decide(
+    routing = decide_route(
         request,
         found,
-        settings.routing,
-        chooser,
-        stats or {},
-        serving,
+        settings=settings,
+        router=chooser,
+        registry=router.registry,
+        stats=stats or {},
+        serving=serving,
         named=named,
         configured=configured,
+        level=level,
+        full=full,
+        place=place,
     )
-    answer = _answer(decision, admitted, age_ms, tokens)
-    if answer is not None:
+    decision = routing.decision
+    if routing.answered:
+        answer = _answer(decision, admitted, age_ms, tokens)
+        assert answer is not None  # a hit or a rule's answer
         hit_key = decision.hit.key if decision.hit is not None else None
         records = _terminal(answer, admitted, now_ms, settings, cache_key=hit_key)
-        return Classified("answered", records, answer, request, reply_to, decision)
-
-    lane_full = None
-    if full is not None and decision.lane is Lane.REALTIME and decision.path.is_model:
-        lane_full = full(decision.path)
-    spill = spills(decision, lane_full)
-    if spill is not None:  # the lane's own paths compete, as on any request sent there
-        chosen = decide(
-            request,
-            found,
-            settings.routing,
-            chooser,
-            stats or {},
-            serving,
-            lane=spill,
-            named=named,
-            configured=configured,
-        )
-        decision = replace(chosen, spilled_from=decision.lane)
-    cheapest = router.registry.cheapest(decision.lane)
-    adjusted = apply_level(decision, level, settings.flow.shed_retry_after_ms, lane_full, cheapest)
+        return Classified("answered", records, answer, request, reply_to, decision, routing=routing)
+    adjusted = routing.taken
     if isinstance(adjusted, Shed):
         shed = RateLimited(adjusted.reason, retry_after_ms=adjusted.retry_after_ms)
         result = InferenceResult.failure(
@@ -245,7 +244,7 @@ def route(
             batch_id=request.batch_id,
         )
         records = _terminal(result, admitted, now_ms, settings)
-        return Classified("shed", records, result, request, reply_to, decision)
+        return Classified("shed", records, result, request, reply_to, decision, routing=routing)
     produced_ms = admitted.record.timestamp_ms
     version = None
     if named is not None and named.version is not None and adjusted.path == named.path:
@@ -273,6 +272,7 @@ def route(
             settings.lane_topic(adjusted.lane),
             request.id.encode(),
             routed.model_dump_json().encode(),
+            partition=routing.partition,
         )
     ]
     judged: tuple[tuple[str, AnswerPath], ...] = ()
@@ -282,7 +282,7 @@ def route(
             judged = shadow_router_paths(
                 request, decision, found, routers, router, stats or {}, serving
             )
-    return Classified("routed", out, None, request, reply_to, adjusted, judged)
+    return Classified("routed", out, None, request, reply_to, adjusted, judged, routing)
 
 
 def shadow_router_paths(

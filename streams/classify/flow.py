@@ -40,8 +40,8 @@ from dataclasses import dataclass, replace
 
 from schemas.messages import AnswerPath, Lane
 from schemas.settings import FlowSettings
-from streams.classify.features import Complexity
 from streams.classify.policy import Decision
+from streams.routing.features import Complexity
 from streams.stores.backlog import LaneLoad
 
 __all__ = [

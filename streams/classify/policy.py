@@ -24,7 +24,8 @@ from typing import Any
 from schemas.messages import AnswerPath, InferenceRequest, Lane
 from schemas.settings import RoutingSettings
 from streams.cache.response import CacheHit
-from streams.classify.features import (
+from streams.classify.router import SmartRouter
+from streams.routing.features import (
     Complexity,
     RequestFeatures,
     TextTraits,
@@ -34,8 +35,8 @@ from streams.classify.features import (
     extract_features,
     lane_for,
 )
-from streams.classify.registry import NamedModel
-from streams.classify.router import PathStats, SmartRouter
+from streams.routing.registry import NamedModel
+from streams.routing.stats import PathStats
 from streams.rules.engine import RuleAnswer
 
 __all__ = ["Decision", "Found", "decide", "estimate_tokens", "lane_serving"]

@@ -8,9 +8,10 @@ lowest wins, among the eligible paths whose success rate is at least
 fails keep its traffic). ``latency_norm`` and ``cost_norm`` divide by the largest value
 among the eligible paths, so the score compares paths on one request, not
 against a fixed scale. ``success_rate`` is the windowed success rate times
-the path's feedback quality. Statistics (``PathStats``) come from the
-quality loop (``streams.quality.loop``) through Redis; a path never measured
-uses its registry figures. A small exploration rate sends a request to
+the path's feedback quality. Statistics
+(``streams.routing.stats.PathStats``) come from the quality loop
+(``streams.quality.loop``) through Redis; a path never measured uses its
+registry figures. A small exploration rate sends a request to
 another eligible path now and then, so a path that recovered wins its
 traffic back.
 
@@ -24,73 +25,24 @@ score, positive when light is predicted not good enough (see
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import random
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from schemas.messages import AnswerPath, Lane, QualityEvent
+from schemas.messages import AnswerPath, Lane
 from schemas.settings import RoutingSettings
-from streams.classify.features import Complexity, RequestFeatures
-from streams.classify.registry import ModelEntry, ModelRegistry
-from streams.distill.learned import LearnedRouter
+from streams.routing.features import Complexity, RequestFeatures
+from streams.routing.learned import LearnedRouter
+from streams.routing.registry import ModelEntry, ModelRegistry
+from streams.routing.stats import PathStats
 
-__all__ = ["Choice", "PathStats", "RouteBoard", "SmartRouter", "score_paths"]
+__all__ = ["Choice", "RouteBoard", "SmartRouter", "score_paths"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class PathStats:
-    """The live record of one model path, kept by the quality loop."""
-
-    latency_ms: float
-    """EWMA of terminal-result latency."""
-    outcomes: list[int] = field(default_factory=list)
-    """1/0 per recent terminal result, newest last, at most ``success_window``."""
-    quality: float = 1.0
-    """EWMA of client feedback mapped to 0..1 (1 = no complaints)."""
-    n: int = 0
-    updated_ms: int = 0
-
-    @property
-    def success_rate(self) -> float:
-        return sum(self.outcomes) / len(self.outcomes) if self.outcomes else 1.0
-
-    def observe(self, event: QualityEvent, *, alpha: float, window: int) -> None:
-        """Fold one terminal result in. Results the path did not cause (a
-        deadline that passed in the queue, a tenant over quota, a shed
-        lane) say nothing about the path and only count in ``n``."""
-        self.n += 1
-        self.updated_ms = event.ts_ms
-        if event.error_code in ("INF-429", "INF-400"):
-            return
-        self.outcomes.append(1 if event.success else 0)
-        del self.outcomes[:-window]
-        if event.success:
-            self.latency_ms = (
-                ewma(self.latency_ms, event.latency_ms, alpha) if self.n > 1 else (event.latency_ms)
-            )
-
-    def feedback(self, score: float, *, weight: float) -> None:
-        """A client's -1..1 verdict moves quality towards (score+1)/2."""
-        self.quality = ewma(self.quality, (score + 1) / 2, weight)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> PathStats:
-        data = json.loads(raw)
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-
-
-def ewma(previous: float, sample: float, alpha: float) -> float:
-    return alpha * sample + (1 - alpha) * previous
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from typing import Any
 
 from schemas.messages import InferenceRequest, Lane
 from schemas.settings import Settings
-from streams.classify.registry import ModelEntry, ModelRegistry
+from streams.routing.registry import ModelEntry, ModelRegistry
 
 __all__ = ["MAX_KEPT_CHARS", "TokenCounter", "counting_model", "texts_of"]
 

@@ -97,7 +97,7 @@ def _embedder(args: argparse.Namespace) -> Callable[[list[str]], np.ndarray] | N
 
 
 def _registry(settings: Settings) -> Any:
-    from streams.classify.registry import load_registry
+    from streams.routing.registry import load_registry
 
     return load_registry(settings.routing.models_file, settings.backend)
 
@@ -125,9 +125,9 @@ def _export(settings: Settings, args: argparse.Namespace) -> list[Any]:
 def run_distill(settings: Settings, args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
 
-    from streams.distill.learned import ArtifactError
     from streams.distill.rows import RowsError
     from streams.distill.train import TrainError
+    from streams.routing.learned import ArtifactError
 
     try:
         return _COMMANDS[args.distill_command](settings, args)
@@ -188,10 +188,10 @@ def _run_train(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _run_report(settings: Settings, args: argparse.Namespace) -> int:
-    from streams.distill.learned import LearnedRouter
     from streams.distill.report import build_report, write_report
     from streams.distill.rows import read_rows
     from streams.distill.train import held_out
+    from streams.routing.learned import LearnedRouter
 
     router = LearnedRouter.from_file(Path(args.artifact))
     if args.rows:

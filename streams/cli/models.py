@@ -37,12 +37,12 @@ from redis.exceptions import RedisError
 
 from schemas.messages import InferenceResult
 from schemas.settings import Settings
-from streams.classify.registry import ModelEntry, ModelRegistry, RegistryError, load_registry
-from streams.classify.router import PathStats
 from streams.rollout import routers as router_rollout
 from streams.rollout import state
 from streams.rollout.report import aggregate, format_reports, pair
 from streams.rollout.rollback import RouterRecord
+from streams.routing.registry import ModelEntry, ModelRegistry, RegistryError, load_registry
+from streams.routing.stats import PathStats
 from streams.stores.workerboard import WorkerBoard
 
 __all__ = ["cmd", "run_models", "subparser_init"]

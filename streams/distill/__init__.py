@@ -8,9 +8,9 @@ quality signals in, a learned router out.
   saved as a plain-JSON artifact (``train.py``, ``labels.py``).
 - ``report``: the learned router against today's feature rule on held-out
   rows, with the quality/cost curve (``report.py``).
-- ``learned.py``: the artifact and its numpy scoring, the only part the
-  classifier imports (no scikit-learn at serve time).
+- the artifact and its numpy scoring live in ``streams.routing.learned``,
+  shared with the classifier and the roll-out (no scikit-learn at serve
+  time): the classifier never imports this package.
 
-Nothing is imported here: the classifier loads ``streams.distill.learned``
-alone.
+Nothing is imported here.
 """

@@ -23,8 +23,8 @@ import numpy as np
 
 from schemas.messages import AnswerPath
 from schemas.settings import RoutingSettings
-from streams.classify.features import Complexity, RequestFeatures, complexity_of
-from streams.classify.registry import ModelRegistry
+from streams.routing.features import Complexity, RequestFeatures, complexity_of
+from streams.routing.registry import ModelRegistry
 
 __all__ = [
     "Curve",

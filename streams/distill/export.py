@@ -37,10 +37,10 @@ from pydantic import ValidationError
 
 from schemas.messages import AnswerPath, Feedback, InferenceRequest, InferenceResult, QualityEvent
 from schemas.settings import Settings
-from streams.classify.features import extract_features
-from streams.classify.registry import ModelRegistry
-from streams.distill.learned import feature_values
 from streams.distill.rows import ExportRow, prompt_key
+from streams.routing.features import extract_features
+from streams.routing.learned import feature_values
+from streams.routing.registry import ModelRegistry
 
 __all__ = [
     "Collected",

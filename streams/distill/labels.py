@@ -11,8 +11,8 @@ Per export row, the first signal that exists decides (``source``):
    rows too. An empty heavy answer, or no embedder for two different
    texts, gives no verdict here.
 3. ``success``: a light-path result; good when it succeeded. Errors that are
-   not the path's doing (``INF-429`` shed or over quota, ``INF-400``) give no
-   label, as the quality loop counts them.
+   not the path's doing (``LanewayError.blames_path`` false: ``INF-429`` shed
+   or over quota, ``INF-400``) give no label, as the quality loop counts them.
 
 A heavy-path row with neither answer pair has no label: a heavy answer says
 nothing of what the light path would have done.
@@ -26,13 +26,12 @@ from typing import Literal
 
 import numpy as np
 
+from schemas.errors import blames_path_code
 from streams.distill.rows import ExportRow, prompt_key
 
 __all__ = ["Label", "LabelSource", "agreement_scores", "label_rows"]
 
 LabelSource = Literal["feedback", "agreement", "success"]
-
-_NOT_THE_PATH = frozenset({"INF-429", "INF-400"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +97,6 @@ def label_rows(
         elif i in by_row:
             score = float(by_row[i])
             labels.append(Label(i, score >= agree_at, "agreement", round(score, 4)))
-        elif row.path == "light" and row.error_code not in _NOT_THE_PATH:
+        elif row.path == "light" and blames_path_code(row.error_code):
             labels.append(Label(i, row.success, "success"))
     return labels

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from schemas.settings import RoutingSettings
-from streams.classify.registry import ModelRegistry
 from streams.distill.evaluate import (
     Curve,
     Point,
@@ -36,8 +35,9 @@ from streams.distill.evaluate import (
     rule_heavy,
 )
 from streams.distill.labels import label_rows
-from streams.distill.learned import LearnedRouter
 from streams.distill.rows import ExportRow
+from streams.routing.learned import LearnedRouter
+from streams.routing.registry import ModelRegistry
 
 __all__ = ["Report", "build_report", "plot_curve", "write_report"]
 

@@ -5,7 +5,7 @@ light path's answer is good enough, with two scikit-learn logistic
 regressions (L2, ``C``): the ``features`` head on the router's standardised
 request features, and the ``full`` head on those plus the prompt's MiniLM
 embedding. A linear head is scored with one dot product in the classifier
-(numpy, ``streams.distill.learned``) and saved as plain JSON, never a pickle.
+(numpy, ``streams.routing.learned``) and saved as plain JSON, never a pickle.
 
 Calibration: each head's threshold is the ``heavy_share`` quantile of its
 ``p`` over every training row — the traffic as it came, labelled or not —
@@ -28,14 +28,14 @@ import numpy as np
 
 from streams.distill.evaluate import auc, point
 from streams.distill.labels import Label, label_rows
-from streams.distill.learned import (
+from streams.distill.rows import ExportRow, prompt_key
+from streams.routing.learned import (
     Head,
     LearnedRouter,
     RouterArtifact,
     feature_names,
     vectorise,
 )
-from streams.distill.rows import ExportRow, prompt_key
 
 __all__ = [
     "TrainError",

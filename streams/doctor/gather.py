@@ -34,7 +34,6 @@ from redis.exceptions import RedisError
 
 from schemas.messages import InferenceRequest, InferenceResult, QualityEvent
 from schemas.settings import Settings
-from streams.classify.features import estimate_tokens
 from streams.distill.export import read_window
 from streams.doctor.readings import (
     DiskReading,
@@ -46,6 +45,7 @@ from streams.doctor.readings import (
     VersionChange,
 )
 from streams.rollout.state import RolloutStore
+from streams.routing.features import estimate_tokens
 from streams.stores.workerboard import WorkerBoard
 
 __all__ = ["UP_NAMES", "gather", "read_disks", "read_gpus", "read_processes", "read_topics"]

@@ -31,7 +31,6 @@ from aiohttp import web
 from schemas.messages import InferenceRequest, InferenceResult
 from schemas.settings import GatewaySettings
 from streams.chunks import StreamDelta
-from streams.classify.registry import ModelRegistry
 from streams.client import LanewayClient
 from streams.gateway import metrics
 from streams.gateway.batches import BatchApi
@@ -51,6 +50,7 @@ from streams.gateway.translate import (
     to_request,
 )
 from streams.rollout.board import RolloutBoard
+from streams.routing.registry import ModelRegistry
 
 __all__ = ["Gateway"]
 

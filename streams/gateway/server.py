@@ -21,7 +21,6 @@ import socket
 from aiohttp import web
 
 from schemas.settings import Settings
-from streams.classify.registry import load_registry
 from streams.client import LanewayClient
 from streams.gateway.app import Gateway
 from streams.gateway.batches import BatchApi
@@ -29,6 +28,7 @@ from streams.gateway.keys import KeyRing
 from streams.gateway.shared_limits import SharedLimiter
 from streams.ops import ProcessState, heartbeat
 from streams.rollout.board import RolloutBoard
+from streams.routing.registry import load_registry
 
 __all__ = ["GatewayServer", "gateway_client_id", "serve_gateway"]
 

@@ -1,5 +1,5 @@
 """Topic registry: every topic laneway uses, with its partition count,
-created before any agent starts (``laneway topics create``).
+created before any consumer starts (``laneway topics create``).
 
 Tansu auto-creates unknown topics with 4 partitions, and faust refuses
 tables whose changelog partitions do not match the source, so nothing is

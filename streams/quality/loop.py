@@ -43,8 +43,8 @@ the events of the partitions it owns.
   and the heavy share, i.e. cost); a worse one is drained to 0% the same way,
   its ``rollback`` event naming the ``router_version``.
 
-The agents are thin; the maths is ``streams.classify.router.PathStats``
-and ``streams.quality.records``.
+The agents are thin (``QualityService``); the maths is
+``streams.routing.stats.PathStats`` and ``streams.quality.records``.
 """
 
 from __future__ import annotations
@@ -64,8 +64,7 @@ from schemas.errors import InvalidRequest
 from schemas.messages import AnswerPath, Feedback, QualityEvent, describe_errors
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
-from streams.classify.registry import load_registry
-from streams.classify.router import PathStats, RouteBoard
+from streams.classify.router import RouteBoard
 from streams.kafka.envelopes import Outbound, deliver, dlq_for
 from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
@@ -83,9 +82,11 @@ from streams.quality.records import (
 from streams.rollout.board import RolloutBoard
 from streams.rollout.rollback import decide, routers_to_drain
 from streams.rollout.routers import ROUTER_KIND, ROUTER_NAME, RouterCatalog
+from streams.routing.registry import load_registry
+from streams.routing.stats import PathStats
 from streams.stores.backlog import LatencyBoard
 
-__all__ = ["Answered", "build_quality_app", "router_app_id"]
+__all__ = ["Answered", "QualityService", "build_quality_app", "router_app_id"]
 
 log = logging.getLogger(__name__)
 
@@ -111,116 +112,145 @@ def router_app_id(settings: Settings) -> str:
     return f"{settings.app_id}-router"
 
 
-def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
-    redis = settings.redis.client()
-    board = RouteBoard(redis, settings.redis.key_prefix)
-    latency_board = LatencyBoard(redis, settings.redis.key_prefix)
-    lanes = LaneLatency()
-    registry = load_registry(settings.routing.models_file, settings.backend)
-    rollout = RolloutBoard(
-        redis, settings.redis.key_prefix, registry, routers=RouterCatalog(settings.routing)
-    )
-    versions_key = f"{settings.redis.key_prefix}:route:versions"
-    routers_key = f"{settings.redis.key_prefix}:route:routers"
-    cache = ResponseCache(
-        redis, settings.cache, key_prefix=settings.redis.key_prefix, embedder=None
-    )
-    app = new_app(settings, router_app_id(settings))
-    quality = raw_topic(app, settings.topic("quality"))
-    feedback = raw_topic(app, settings.topic("feedback"))
-    table = app.Table("path-stats", default=None, partitions=settings.kafka.partitions)
-    parts_key = f"{settings.redis.key_prefix}:route:parts"
-    answered_key = f"{settings.redis.key_prefix}:answered:"
+class QualityService:
+    """The quality loop's process: its boards, its table of per-partition
+    records and the faust app (``app``) whose agents and timers are the
+    methods below."""
 
-    send = raw_sender(app)
+    def __init__(self, settings: Settings, state: ProcessState) -> None:
+        self.settings = settings
+        self.state = state
+        redis = self.redis = settings.redis.client()
+        prefix = settings.redis.key_prefix
+        self.board = RouteBoard(redis, prefix)
+        self.latency_board = LatencyBoard(redis, prefix)
+        self.lanes = LaneLatency()
+        self.registry = load_registry(settings.routing.models_file, settings.backend)
+        self.rollout = RolloutBoard(
+            redis, prefix, self.registry, routers=RouterCatalog(settings.routing)
+        )
+        self.versions_key = f"{prefix}:route:versions"
+        self.routers_key = f"{prefix}:route:routers"
+        self.parts_key = f"{prefix}:route:parts"
+        self.answered_key = f"{prefix}:answered:"
+        self.cache = ResponseCache(redis, settings.cache, key_prefix=prefix, embedder=None)
+        app = self.app = new_app(settings, router_app_id(settings))
+        self.quality = raw_topic(app, settings.topic("quality"))
+        self.feedback = raw_topic(app, settings.topic("feedback"))
+        self.table = app.Table("path-stats", default=None, partitions=settings.kafka.partitions)
+        self.send = raw_sender(app)
+        self.pending = PendingFeedback(settings.routing.feedback_wait_s)
+        """Feedback whose answer's result event is not read yet."""
+        self._register()
 
-    async def decode(event: Any, model: type[Wire]) -> Wire | None:
+    def _register(self) -> None:
+        app = self.app
+        # The agents keep the names they had as functions of this module.
+        app.agent(self.quality, concurrency=1, name=f"{__name__}.keep_stats")(self.keep_stats)
+        app.agent(self.feedback, concurrency=1, name=f"{__name__}.join_feedback")(
+            self.join_feedback
+        )
+        app.timer(1.0)(self.join_pending)
+        app.timer(self.settings.routing.weights_refresh_s)(self.publish)
+        app.timer(1.0)(self._heartbeat)
+        app.on_partitions_assigned.connect(self._assigned)  # type: ignore[arg-type]
+
+    async def decode(self, event: Any, model: type[Wire]) -> Wire | None:
         """The event's value as ``model``; else it goes to the DLQ."""
         try:
             return model.model_validate_json(event.value or b"")
         except ValidationError as exc:
             error = InvalidRequest(f"not a {model.__name__}: {describe_errors(exc)}")
-            await deliver([dlq_for(event.message, error, settings)], send, settings)
+            await deliver([dlq_for(event.message, error, self.settings)], self.send, self.settings)
             return None
 
-    @app.agent(quality, concurrency=1)
-    async def keep_stats(stream: faust.StreamT) -> None:
+    # -- quality events ------------------------------------------------------
+
+    async def keep_stats(self, stream: faust.StreamT) -> None:
         async for event in stream.events():
-            quality_event = await decode(event, QualityEvent)
+            quality_event = await self.decode(event, QualityEvent)
             if quality_event is None:
                 continue
             path = quality_event.path
             EVENTS.labels(quality_event.kind, str(path or "none")).inc()
             if quality_event.kind == "result":
-                entry = registry.for_path(path) if path is not None else None
-                tokens = quality_event.prompt_tokens + quality_event.completion_tokens
-                if entry is not None and tokens:
-                    COST.labels(path.value if path else "none").inc(
-                        tokens / 1000 * entry.cost_per_1k_tokens
-                    )
-                if quality_event.lane is not None:
-                    lanes.add(quality_event.lane, quality_event.latency_ms)
-                if path is not None:
-                    answer = Answered(
-                        path,
-                        quality_event.cache_key,
-                        quality_event.version,
-                        quality_event.router_version,
-                    )
-                    await _remember(redis, answered_key + quality_event.id, answer)
+                await self._result(quality_event)
             if path is None or quality_event.kind in ("drift", "rollback"):
                 continue
-            # This partition's records of the path (and version): written only from here.
-            partition = event.message.partition
-            keys = [f"{path.value}@{partition}"]
-            if quality_event.version is not None:
-                keys.append(version_field(path, quality_event.version, partition))
-            if quality_event.router_version is not None:
-                keys.append(router_field(quality_event.router_version, partition))
-            for key in keys:
-                current = table.get(key)
-                if current:
-                    part = PartStats.from_json(json.dumps(current))
-                else:
-                    part = PartStats(PathStats(latency_ms=quality_event.latency_ms))
-                part.fold(quality_event, settings)
-                table[key] = json.loads(part.to_json())
+            self._fold(quality_event, path, event.message.partition)
 
-    pending = PendingFeedback(settings.routing.feedback_wait_s)
+    async def _result(self, quality_event: QualityEvent) -> None:
+        """A terminal result: its cost, its lane's latency, and what answered
+        it, kept for the feedback that may follow."""
+        path = quality_event.path
+        entry = self.registry.for_path(path) if path is not None else None
+        tokens = quality_event.prompt_tokens + quality_event.completion_tokens
+        if entry is not None and tokens:
+            COST.labels(path.value if path else "none").inc(
+                tokens / 1000 * entry.cost_per_1k_tokens
+            )
+        if quality_event.lane is not None:
+            self.lanes.add(quality_event.lane, quality_event.latency_ms)
+        if path is not None:
+            answer = Answered(
+                path,
+                quality_event.cache_key,
+                quality_event.version,
+                quality_event.router_version,
+            )
+            await _remember(self.redis, self.answered_key + quality_event.id, answer)
 
-    @app.agent(feedback, concurrency=1)
-    async def join_feedback(stream: faust.StreamT) -> None:
+    def _fold(self, quality_event: QualityEvent, path: AnswerPath, partition: int) -> None:
+        """Fold the event into this partition's records of the path (and
+        version, and router version): written only from here."""
+        keys = [f"{path.value}@{partition}"]
+        if quality_event.version is not None:
+            keys.append(version_field(path, quality_event.version, partition))
+        if quality_event.router_version is not None:
+            keys.append(router_field(quality_event.router_version, partition))
+        for key in keys:
+            current = self.table.get(key)
+            if current:
+                part = PartStats.from_json(json.dumps(current))
+            else:
+                part = PartStats(PathStats(latency_ms=quality_event.latency_ms))
+            part.fold(quality_event, self.settings)
+            self.table[key] = json.loads(part.to_json())
+
+    # -- feedback ------------------------------------------------------------
+
+    async def join_feedback(self, stream: faust.StreamT) -> None:
         async for event in stream.events():
-            verdict = await decode(event, Feedback)
-            if verdict is not None and not await join(verdict):
+            verdict = await self.decode(event, Feedback)
+            if verdict is not None and not await self.join(verdict):
                 # Its answer's result event is not read yet (a fast client):
                 # tried again every second for feedback_wait_s.
-                unmatched(pending.add(verdict, time.monotonic()))
+                self.unmatched(self.pending.add(verdict, time.monotonic()))
 
-    @app.timer(1.0)
-    async def join_pending() -> None:
-        due, late = pending.take(time.monotonic())
+    async def join_pending(self) -> None:
+        due, late = self.pending.take(time.monotonic())
         for arrived, verdict in due:
-            if not await join(verdict):
-                pending.keep(arrived, verdict)
-        unmatched(late)
+            if not await self.join(verdict):
+                self.pending.keep(arrived, verdict)
+        self.unmatched(late)
 
-    def unmatched(verdicts: list[Feedback]) -> None:
+    def unmatched(self, verdicts: list[Feedback]) -> None:
         for verdict in verdicts:
             FEEDBACK_UNMATCHED.inc()
             log.info("feedback for unknown request %s dropped", verdict.request_id)
 
-    async def join(verdict: Feedback) -> bool:
+    async def join(self, verdict: Feedback) -> bool:
         """Join ``verdict`` to the answer it judges: a ``feedback`` quality
         event of its path (and the cache entry evicted on a bad score);
         ``False`` when that answer is not known (yet)."""
-        answered = await _recall(redis, answered_key + verdict.request_id)
+        settings = self.settings
+        answered = await _recall(self.redis, self.answered_key + verdict.request_id)
         if answered is None:
             return False
         path = answered.path
         floor = settings.cache.evict_at_feedback
         if answered.cache_key and floor is not None and verdict.score <= floor:
-            if await cache.evict(answered.cache_key):
+            if await self.cache.evict(answered.cache_key):
                 log.info(
                     "cache entry of %s evicted on feedback %.2f",
                     verdict.request_id,
@@ -242,16 +272,22 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
             verdict.request_id.encode(),
             joined.model_dump_json().encode(),
         )
-        await deliver([out], send, settings)
+        await deliver([out], self.send, settings)
         return True
 
-    @app.timer(settings.routing.weights_refresh_s)
-    async def publish() -> None:
+    # -- publishing ----------------------------------------------------------
+
+    async def publish(self) -> None:
+        """Write the records of the partitions this replica owns, merge
+        everyone's per path and publish them; then judge the canaries."""
+        redis, parts_key = self.redis, self.parts_key
         owned = {
-            tp.partition for tp in app.consumer.assignment() if tp.topic == quality.get_topic_name()
+            tp.partition
+            for tp in self.app.consumer.assignment()
+            if tp.topic == self.quality.get_topic_name()
         }
         mine: dict[str, str] = {}
-        for name, value in list(table.items()):
+        for name, value in list(self.table.items()):
             _, _, partition = str(name).partition("@")
             if value and partition.isdigit() and int(partition) in owned:
                 mine[str(name)] = json.dumps(value)
@@ -270,7 +306,7 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 fields[_text(name)] = PartStats.from_json(raw)
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("route statistics part %r unreadable: %s", name, exc)
-        routing = settings.routing
+        routing = self.settings.routing
         snapshot = merge_all(
             fields, routing.success_window, routing.ewma_alpha, routing.feedback_weight
         )
@@ -278,21 +314,22 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
             PATH_LATENCY.labels(path.value).set(stats.latency_ms)
             PATH_SUCCESS.labels(path.value).set(stats.success_rate)
             PATH_QUALITY.labels(path.value).set(stats.quality)
-        p95 = lanes.p95()
+        p95 = self.lanes.p95()
         for lane, value in p95.items():
             LANE_P95.labels(lane.value).set(value)
         try:
-            await board.publish(snapshot)
-            await latency_board.report(p95)
+            await self.board.publish(snapshot)
+            await self.latency_board.report(p95)
         except (RedisError, OSError) as exc:
             REDIS_ERRORS.labels("route").inc()
             log.warning("route statistics not published: %s", exc)
-        await judge_versions(fields)
-        await judge_routers(fields)
+        await self.judge_versions(fields)
+        await self.judge_routers(fields)
 
-    async def judge_versions(fields: dict[str, PartStats]) -> None:
+    async def judge_versions(self, fields: dict[str, PartStats]) -> None:
         """Publish each version's record; drain a canary worse than its
         path's active version, and say why."""
+        settings, rollout = self.settings, self.rollout
         view = await rollout.refresh()
         window, alpha = settings.routing.success_window, settings.routing.ewma_alpha
         records = merge_versions(
@@ -300,11 +337,11 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
         )
         if records:
             try:
-                await redis.hset(
-                    versions_key,
+                await self.redis.hset(
+                    self.versions_key,
                     mapping={f"{p.value}:{v}": s.to_json() for (p, v), s in records.items()},
                 )
-                await redis.expire(versions_key, 7 * 86_400)
+                await self.redis.expire(self.versions_key, 7 * 86_400)
             except (RedisError, OSError) as exc:
                 REDIS_ERRORS.labels("route").inc()
                 log.warning("version statistics not published: %s", exc)
@@ -339,22 +376,22 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 ts_ms=now_ms,
                 reason=reason,
             )
-            out = Outbound(
-                settings.topic("quality"), notice.id.encode(), notice.model_dump_json().encode()
-            )
-            await deliver([out], send, settings)
+            await self._notify(notice)
 
-    async def judge_routers(fields: dict[str, PartStats]) -> None:
+    async def judge_routers(self, fields: dict[str, PartStats]) -> None:
         """Publish each router version's record; drain a canary router worse
         than the active one (``judge_versions`` has just refreshed the view)."""
+        settings, rollout = self.settings, self.rollout
         window, alpha = settings.routing.success_window, settings.routing.ewma_alpha
         records = merge_routers(
             fields, window, alpha, rollout.router_since_ms, settings.routing.feedback_weight
         )
         if records:
             try:
-                await redis.hset(routers_key, mapping={v: r.to_json() for v, r in records.items()})
-                await redis.expire(routers_key, 7 * 86_400)
+                await self.redis.hset(
+                    self.routers_key, mapping={v: r.to_json() for v, r in records.items()}
+                )
+                await self.redis.expire(self.routers_key, 7 * 86_400)
             except (RedisError, OSError) as exc:
                 REDIS_ERRORS.labels("route").inc()
                 log.warning("router version statistics not published: %s", exc)
@@ -380,21 +417,28 @@ def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
                 ts_ms=now_ms,
                 reason=reason,
             )
-            out = Outbound(
-                settings.topic("quality"), notice.id.encode(), notice.model_dump_json().encode()
-            )
-            await deliver([out], send, settings)
+            await self._notify(notice)
 
-    @app.timer(1.0)
-    async def _heartbeat() -> None:
-        state.beat()  # /healthz fails when the loop stops running this
+    async def _notify(self, notice: QualityEvent) -> None:
+        """A quality event of the loop's own (a rollback) onto the quality topic."""
+        out = Outbound(
+            self.settings.topic("quality"), notice.id.encode(), notice.model_dump_json().encode()
+        )
+        await deliver([out], self.send, self.settings)
 
-    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
-    async def _assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
-        state.ready = True
-        state.detail = f"keeping path statistics of {len(assigned)} partitions"
+    # -- the process ---------------------------------------------------------
 
-    return app
+    async def _heartbeat(self) -> None:
+        self.state.beat()  # /healthz fails when the loop stops running this
+
+    async def _assigned(self, sender: Any, assigned: Any, **kwargs: Any) -> None:
+        self.state.ready = True
+        self.state.detail = f"keeping path statistics of {len(assigned)} partitions"
+
+
+def build_quality_app(settings: Settings, state: ProcessState) -> faust.App:
+    """The quality loop's faust app (``QualityService.app``)."""
+    return QualityService(settings, state).app
 
 
 _BARE_PATHS = ("cache", "rules", "light", "heavy")

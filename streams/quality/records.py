@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.errors import blames_path_code
 from schemas.messages import AnswerPath, Feedback, Lane, QualityEvent
 from schemas.settings import Settings
-from streams.classify.router import PathStats
 from streams.rollout.rollback import RouterRecord
+from streams.routing.stats import PathStats
 
 __all__ = [
     "ROUTER_FIELD",
@@ -133,7 +134,7 @@ def fold(stats: PathStats | None, event: QualityEvent, settings: Settings) -> Pa
 
 def counts_outcome(event: QualityEvent) -> bool:
     """Whether ``PathStats.observe`` adds an outcome for ``event``."""
-    return event.kind in ("result", "attempt") and event.error_code not in ("INF-429", "INF-400")
+    return event.kind in ("result", "attempt") and blames_path_code(event.error_code)
 
 
 @dataclass(slots=True)

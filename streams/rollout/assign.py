@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from schemas.messages import AnswerPath, InferenceRequest, Lane
-from streams.classify.registry import ModelEntry, ModelRegistry
+from streams.routing.registry import ModelEntry, ModelRegistry
 
 if TYPE_CHECKING:
     from streams.rollout.routers import RouterView

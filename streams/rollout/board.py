@@ -13,10 +13,10 @@ import time
 from typing import Any
 
 from schemas.messages import AnswerPath
-from streams.classify.registry import ModelRegistry
 from streams.rollout.assign import RolloutView
 from streams.rollout.routers import ROUTER_KIND, ROUTER_NAME, RouterCatalog, describe
 from streams.rollout.state import Overrides, RolloutStore, VersionRollout, apply
+from streams.routing.registry import ModelRegistry
 from streams.stores.workerboard import WorkerBoard, served_versions
 
 __all__ = ["RolloutBoard"]

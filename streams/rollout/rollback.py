@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from schemas.settings import RolloutSettings
-from streams.classify.router import PathStats
+from streams.routing.stats import PathStats
 
 if TYPE_CHECKING:
     from streams.rollout.routers import RouterVersion

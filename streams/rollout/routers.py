@@ -2,7 +2,7 @@
 
 A router version is ``rule`` (no learned router: the feature rule and the
 live latency/cost/failure score alone) or a learned router artifact
-(``streams.distill.learned``) named by its ``version``. ``RouterCatalog``
+(``streams.routing.learned``) named by its ``version``. ``RouterCatalog``
 lists them: ``rule``, every ``*.json`` in ``LANEWAY_ROUTING_LEARNED_ROUTER_DIR``
 and the file ``LANEWAY_ROUTING_LEARNED_ROUTER``. The file setting's version
 starts active (else ``rule`` does); every other starts retired. Live states
@@ -41,10 +41,10 @@ from redis.exceptions import RedisError
 
 from schemas.messages import AnswerPath, InferenceRequest
 from schemas.settings import RoutingSettings
-from streams.classify.registry import VersionState
-from streams.distill.learned import ArtifactError, LearnedRouter
 from streams.rollout.assign import assignment_key, unit
 from streams.rollout.state import RolloutError, VersionRollout
+from streams.routing.learned import ArtifactError, LearnedRouter
+from streams.routing.registry import VersionState
 
 __all__ = [
     "ROUTER_KIND",

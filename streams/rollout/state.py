@@ -1,7 +1,7 @@
 """The live roll-out state: which version of each path is active, canary
 (with its share) or shadow, kept in Redis and laid over the registry file.
 
-The registry file (``streams.classify.registry``) says what versions exist
+The registry file (``streams.routing.registry``) says what versions exist
 and how each starts; ``laneway models ...`` writes changes to the Redis hash
 ``<prefix>:models:rollout``, one field per version
 (``<kind>:<path>:<version>``, kind ``model``; a learned router's versions
@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from schemas.messages import AnswerPath
-from streams.classify.registry import ModelEntry, ModelRegistry, VersionState
+from streams.routing.registry import ModelEntry, ModelRegistry, VersionState
 from streams.stores.failopen import FailOpen
 
 __all__ = [

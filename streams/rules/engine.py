@@ -9,8 +9,9 @@ template filled from the pattern's named groups and, for a rule with a
 
 Everything is compiled when a rule file loads, so ``RuleBook.match`` costs a
 few regex searches and one intent classification per request. Loading,
-checking and hot-reloading rule files (``RuleSource``, ``RuleFileError``,
-``EXAMPLE_RULES_FILE``) live in ``streams.rules.rulefile`` and are re-exported here.
+checking and hot-reloading rule files (``read_rules``, ``read_rule_file``,
+``RuleSource``, ``RuleFileError``, ``EXAMPLE_RULES_FILE``) live in
+``streams.rules.rulefile``, which builds the ``RuleBook`` s defined here.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from streams.rules.intents import IntentIndex
 from streams.stores.failopen import FailOpen
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import redis.asyncio as aioredis
 
 __all__ = [
@@ -208,24 +207,6 @@ class RuleBook:
         self.rules: tuple[Rule, ...] = tuple(sorted(rules, key=lambda r: -r.priority))
         self.source = source
         self._failopen = FailOpen("rule lookups", log=log, label="rules")
-
-    @classmethod
-    def from_yaml(cls, text: str | bytes, *, source: str = "<string>") -> RuleBook:
-        """Parse and compile a rule file's content; ``RuleFileError`` says why not."""
-        from streams.rules.rulefile import _compile_file
-
-        rules, intents = _compile_file(text, source=source)
-        return cls(rules, intents, source=source)
-
-    @classmethod
-    def from_file(cls, path: Path) -> RuleBook:
-        from streams.rules.rulefile import RuleFileError
-
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise RuleFileError(f"{path}: cannot read the rule file: {exc}") from exc
-        return cls.from_yaml(data, source=str(path))
 
     def classify(self, text: str) -> tuple[str | None, float]:
         """The text's intent by this book's intents (see ``streams.rules.intents``)."""

@@ -32,7 +32,7 @@ from streams.rules.intents import IntentIndex, IntentSpec, keyword_regex
 if TYPE_CHECKING:
     from schemas.settings import RulesSettings
 
-__all__ = ["EXAMPLE_RULES_FILE", "RuleFileError", "RuleSource"]
+__all__ = ["EXAMPLE_RULES_FILE", "RuleFileError", "RuleSource", "read_rule_file", "read_rules"]
 
 # Same logger as the runtime: rule-file messages kept their name across the split.
 log = logging.getLogger("streams.rules.engine")
@@ -145,6 +145,21 @@ class _FileSpec(_Spec):
     rules: list[_RuleSpec] = Field(min_length=1)
 
 
+def read_rules(text: str | bytes, *, source: str = "<string>") -> RuleBook:
+    """Parse and compile a rule file's content; ``RuleFileError`` says why not."""
+    rules, intents = _compile_file(text, source=source)
+    return RuleBook(rules, intents, source=source)
+
+
+def read_rule_file(path: Path) -> RuleBook:
+    """The rules of the file at ``path``; ``RuleFileError`` says why not."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RuleFileError(f"{path}: cannot read the rule file: {exc}") from exc
+    return read_rules(data, source=str(path))
+
+
 def _compile_file(text: str | bytes, *, source: str) -> tuple[list[Rule], IntentIndex]:
     """Parse, validate and compile a rule file, or raise ``RuleFileError``."""
     try:
@@ -222,7 +237,7 @@ class RuleSource:
             return
         stat = _stat(path)
         data = _read(path)
-        self._book = RuleBook.from_yaml(data, source=str(path))
+        self._book = read_rules(data, source=str(path))
         self._signature = stat
         self._digest = hashlib.sha256(data).hexdigest()
         log.info("rules: %d rules, %d intents from %s", *self._counts(), path)
@@ -260,7 +275,7 @@ class RuleSource:
         if digest in (self._digest, self._bad_digest):
             return False
         try:
-            book = RuleBook.from_yaml(data, source=str(self.path))
+            book = read_rules(data, source=str(self.path))
         except RuleFileError as exc:
             self._bad_digest = digest
             rules, intents = self._counts()

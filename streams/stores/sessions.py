@@ -16,7 +16,7 @@ result (``append``). History is a convenience, not a record of truth:
 Redis layout: one string key per session, ``{prefix}:session:{session_id}``,
 holding JSON ``{"turns": [{"role", "content", "tokens"}, ...], "ids": [...]}``
 with a TTL of ``SessionSettings.ttl_s`` refreshed on every append. ``tokens``
-is ``streams.classify.features.estimate_tokens(content)``, computed here in Python, so
+is ``streams.routing.features.estimate_tokens(content)``, computed here in Python, so
 the script trims by exactly the estimate the pure ``trim_to_budget`` uses.
 ``ids`` are the last ``REMEMBERED_IDS`` request ids appended, kept even after
 their turns were trimmed away.
@@ -37,7 +37,7 @@ from redis.exceptions import RedisError
 
 from schemas.messages import ChatMessage, InferenceRequest
 from schemas.settings import SessionSettings
-from streams.classify.features import estimate_tokens
+from streams.routing.features import estimate_tokens
 from streams.stores.failopen import FailOpen
 from streams.stores.rounds import Round
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.messages import AnswerPath, Lane
-from streams.classify.router import PathStats
+from streams.routing.stats import PathStats
 from streams.stores.workerboard import WorkerCard
 
 __all__ = ["LaneRow", "PathRow", "Scrape", "Snapshot", "quantile", "snapshot"]

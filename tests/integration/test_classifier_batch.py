@@ -201,7 +201,7 @@ async def test_model_bound_requests_are_embedded_once_for_the_learned_router(
     minilm: MiniLMEmbedder,
     tmp_path: Path,
 ) -> None:
-    from streams.distill.learned import BASE_FEATURES, RouterArtifact, save_artifact
+    from streams.routing.learned import BASE_FEATURES, RouterArtifact, save_artifact
 
     names = list(BASE_FEATURES)
     zeros = [0.0] * len(names)

@@ -23,13 +23,13 @@ from aiokafka import AIOKafkaProducer
 from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane
 from schemas.settings import Settings
 from streams.cache.embedding import MiniLMEmbedder
-from streams.classify.features import Complexity, complexity_of, extract_features
-from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
 from streams.cli.main import main
 from streams.client import LanewayClient
 from streams.distill.export import Window, collect
 from streams.distill.rows import read_rows
+from streams.routing.features import Complexity, complexity_of, extract_features
+from streams.routing.registry import builtin_registry
 
 GOOD = [f"What is the capital of {c}?" for c in ("France", "Italy", "Spain", "Japan", "Egypt")]
 GOOD += [

@@ -33,11 +33,11 @@ import pytest
 
 from schemas.messages import AnswerPath, InferenceRequest, Lane, QualityEvent, RoutedRequest
 from schemas.settings import Settings
-from streams.classify.registry import load_registry
 from streams.client import LanewayClient
 from streams.devstack.embedded import free_port
 from streams.devstack.supervisor import Stack
 from streams.rollout import state
+from streams.routing.registry import load_registry
 
 from .conftest import own_stack, produce_to_lane, read_topic
 from .servers import llama_cpp_server

@@ -14,11 +14,11 @@ import redis.asyncio as aioredis
 
 from schemas.messages import AnswerPath
 from schemas.settings import Settings
-from streams.classify.registry import load_registry
 from streams.cli.main import build_parser
 from streams.cli.models import run_models
 from streams.rollout.board import RolloutBoard
 from streams.rollout.state import RolloutStore, VersionRollout
+from streams.routing.registry import load_registry
 
 REGISTRY = """\
 models:

@@ -35,11 +35,9 @@ from schemas.settings import RateLimitSettings, RedisSettings, RoutingSettings, 
 from streams.cache.embedding import MiniLMEmbedder
 from streams.classify.batch import BatchClassifier, BatchLookups
 from streams.classify.classifier import SourceRecord
-from streams.classify.registry import load_registry
 from streams.classify.router import SmartRouter
 from streams.cli.main import build_parser
 from streams.cli.models import run_models
-from streams.distill.learned import BASE_FEATURES, RouterArtifact, save_artifact
 from streams.rollout.board import RolloutBoard
 from streams.rollout.routers import (
     RULE_VERSION,
@@ -49,6 +47,8 @@ from streams.rollout.routers import (
     pick_router,
     tally_key,
 )
+from streams.routing.learned import BASE_FEATURES, RouterArtifact, save_artifact
+from streams.routing.registry import load_registry
 from streams.rules.rulefile import RuleSource
 
 from .conftest import own_stack, produce_raw, read_topic

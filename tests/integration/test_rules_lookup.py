@@ -14,8 +14,7 @@ import pytest
 
 from schemas.settings import RedisSettings
 from streams.devstack.embedded import free_port
-from streams.rules.engine import RuleBook
-from streams.rules.rulefile import EXAMPLE_RULES_FILE
+from streams.rules.rulefile import EXAMPLE_RULES_FILE, read_rule_file, read_rules
 
 
 @pytest.fixture
@@ -38,7 +37,7 @@ async def prefix(redis: Any) -> AsyncIterator[str]:
 
 
 async def test_order_status_reads_the_order_hash(redis: Any, prefix: str) -> None:
-    book = RuleBook.from_file(EXAMPLE_RULES_FILE)
+    book = read_rule_file(EXAMPLE_RULES_FILE)
     await redis.hset(f"{prefix}:orders:12345", mapping={"status": "shipped", "eta": "Friday"})
     await redis.hset(f"{prefix}:orders:67890", mapping={"status": "being packed"})
 
@@ -54,14 +53,14 @@ async def test_order_status_reads_the_order_hash(redis: Any, prefix: str) -> Non
 
 
 async def test_absent_order_gets_the_missing_answer(redis: Any, prefix: str) -> None:
-    book = RuleBook.from_file(EXAMPLE_RULES_FILE)
+    book = read_rule_file(EXAMPLE_RULES_FILE)
     answer = await book.respond("what's the status of order 424242", redis, prefix)
     assert answer is not None and answer.rule == "order_status"
     assert answer.text.startswith("I couldn't find order 424242.")
 
 
 async def test_json_documents_are_read_with_get(redis: Any, prefix: str) -> None:
-    book = RuleBook.from_yaml(
+    book = read_rules(
         r"""
 rules:
   - name: balance
@@ -77,7 +76,7 @@ rules:
 
 
 async def test_dead_redis_falls_through_without_raising() -> None:
-    book = RuleBook.from_file(EXAMPLE_RULES_FILE)
+    book = read_rule_file(EXAMPLE_RULES_FILE)
     dead = RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.3).client()
     try:
         match = book.match("where is order 12345")

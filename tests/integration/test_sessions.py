@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from schemas.messages import ChatMessage
 from schemas.settings import SessionSettings
-from streams.classify.features import estimate_tokens
+from streams.routing.features import estimate_tokens
 from streams.stores.sessions import SESSION_ERRORS, SessionStore, trim_to_budget
 
 # The session-wide ``redis_url`` (conftest), set for ``connect()`` by ``prefix``.

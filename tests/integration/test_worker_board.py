@@ -12,10 +12,10 @@ import redis.asyncio as aioredis
 from schemas.errors import CudaFailure
 from schemas.messages import AnswerPath, Lane
 from schemas.settings import BackendSettings, MediumLaneSettings, RealtimeLaneSettings, Settings
-from streams.classify.features import Complexity
-from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
 from streams.kafka.topics import create_topics
+from streams.routing.features import Complexity
+from streams.routing.registry import builtin_registry
 from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard, served_paths
 from workers.lane_worker import LaneWorker
 

@@ -6,6 +6,7 @@ from workers.backends.base import (
     GenerationInput,
     Outcome,
     create_backend,
+    errors_of,
     map_backend_exception,
 )
 
@@ -15,5 +16,6 @@ __all__ = [
     "GenerationInput",
     "Outcome",
     "create_backend",
+    "errors_of",
     "map_backend_exception",
 ]

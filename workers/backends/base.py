@@ -1,19 +1,28 @@
 """The backend interface, the error mapping at its boundary, and a lazy
 factory: a backend's module (and its heavy imports, e.g. vLLM) is imported
-only when that backend is chosen."""
+only when that backend is chosen.
+
+Foreign errors are mapped by type, as httpx's ``HTTPCORE_EXC_MAP`` does: an
+``ErrorMap`` lists foreign exception classes and laneway's error for each,
+and an exception maps by the most specific class of its own that the map
+lists (``map_backend_exception``). ``COMMON_ERRORS`` holds what any backend
+may raise; each backend declares its own map next to it (its class's
+``errors``: ``workers.backends.llama_batch.LLAMA_CPP_ERRORS``,
+``workers.backends.openai.OPENAI_ERRORS``, ``workers.backends.vllm.vllm_errors``),
+read by ``errors_of``. A message's wording is never read."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
+from schemas.backends import BACKEND_KINDS, backend_kind
 from schemas.errors import (
     BackendUnavailable,
-    CudaFailure,
     DeadlineExceeded,
     LanewayError,
     OutOfMemory,
@@ -22,12 +31,15 @@ from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
 
 __all__ = [
+    "COMMON_ERRORS",
     "STOPPED",
     "Backend",
+    "ErrorMap",
     "Generation",
     "GenerationInput",
     "Outcome",
     "create_backend",
+    "errors_of",
     "map_backend_exception",
     "until_unwanted",
 ]
@@ -92,25 +104,17 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-_BACKENDS = {
-    "llamacpp": "workers.backends.llamacpp:LlamaCppBackend",
-    "openai": "workers.backends.openai:OpenAIBackend",
-    "vllm": "workers.backends.vllm:VLLMBackend",
-    "rules": "workers.backends.rules:RulesBackend",
-}
-
-
 def create_backend(kind: str, model: str, settings: BackendSettings) -> Backend:
-    try:
-        module_name, class_name = _BACKENDS[kind].split(":")
-    except KeyError:
-        raise BackendUnavailable(
-            f"unknown backend {kind!r}; choose one of {sorted(_BACKENDS)}"
-        ) from None
+    """A backend of ``kind`` (one of ``schemas.backends.BACKEND_KINDS``),
+    its module imported now."""
+    known = backend_kind(kind)
+    if known is None:
+        raise BackendUnavailable(f"unknown backend {kind!r}; choose one of {sorted(BACKEND_KINDS)}")
+    module_name, class_name = known.target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = " (install laneway[gpu])" if kind == "vllm" else ""
+        hint = f" (install laneway[{known.extra}])" if known.extra else ""
         raise BackendUnavailable(f"backend {kind!r} cannot be imported{hint}: {exc}") from exc
     backend: Backend = getattr(module, class_name)(model, settings)
     return backend
@@ -145,15 +149,39 @@ async def until_unwanted(work: Awaitable[T], unwanted: asyncio.Event | None) -> 
     return DeadlineExceeded(STOPPED)
 
 
-def map_backend_exception(exc: BaseException) -> LanewayError:
-    """Translate a foreign error from a backend into laneway's tree."""
+ErrorMap = Mapping[type[BaseException], type[LanewayError]]
+"""Foreign exception classes, each to the laneway error it becomes (one
+whose constructor takes only a message)."""
+
+COMMON_ERRORS: ErrorMap = {
+    MemoryError: OutOfMemory,
+    TimeoutError: DeadlineExceeded,
+}
+"""What any backend may raise: Python's own out-of-memory and timeouts."""
+
+_PREFIX: dict[type[LanewayError], str] = {
+    DeadlineExceeded: "inference timed out: ",
+    BackendUnavailable: "backend failed: ",
+}
+
+
+def map_backend_exception(exc: BaseException, errors: ErrorMap = COMMON_ERRORS) -> LanewayError:
+    """Translate a foreign error from a backend into laneway's tree by its
+    type: the most specific of its classes that ``errors`` lists wins, and
+    one it does not list at all is ``BackendUnavailable``. A
+    ``LanewayError`` is kept as it is."""
     if isinstance(exc, LanewayError):
         return exc
     text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, MemoryError) or "out of memory" in text.lower():
-        return OutOfMemory(text)
-    if "cuda" in text.lower():
-        return CudaFailure(text)
-    if isinstance(exc, TimeoutError):
-        return DeadlineExceeded(f"inference timed out: {text}")
-    return BackendUnavailable(f"backend failed: {text}")
+    mapped: type[LanewayError] = BackendUnavailable
+    for cls in type(exc).__mro__:
+        if cls in errors:
+            mapped = errors[cls]
+            break
+    return mapped(_PREFIX.get(mapped, "") + text)
+
+
+def errors_of(backend: object) -> ErrorMap:
+    """The error map ``backend`` declares (its ``errors``), else ``COMMON_ERRORS``."""
+    errors: ErrorMap = getattr(backend, "errors", COMMON_ERRORS)
+    return errors

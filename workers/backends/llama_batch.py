@@ -67,10 +67,11 @@ from schemas.errors import (
     LanewayError,
     OutOfMemory,
 )
-from workers.backends.base import map_backend_exception
+from workers.backends.base import COMMON_ERRORS, ErrorMap, map_backend_exception
 from workers.backends.sampling import Sampler, StopScanner
 
 __all__ = [
+    "LLAMA_CPP_ERRORS",
     "MIN_SHARED_PREFIX",
     "BatchDecoder",
     "Decoded",
@@ -81,6 +82,15 @@ __all__ = [
     "extra_buffers_work",
     "plan_step",
 ]
+
+LLAMA_CPP_ERRORS: ErrorMap = {
+    **COMMON_ERRORS,
+    RuntimeError: BackendUnavailable,  # llama_decode or a context failing
+    ValueError: BackendUnavailable,  # a model file llama.cpp cannot read
+}
+"""llama-cpp-python's errors: it has no classes of its own, and a failed
+allocation in its C code is a failed decode (``RuntimeError``), not a
+``MemoryError``."""
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +330,7 @@ class BatchDecoder:
             self._loop()
         except BaseException as exc:  # a llama.cpp failure: everything in flight gets it
             log.exception("llama.cpp decode thread failed")
-            error = map_backend_exception(exc)
+            error = map_backend_exception(exc, LLAMA_CPP_ERRORS)
         finally:
             with self._cv:
                 self._closing = True

@@ -20,13 +20,13 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from schemas.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, LanewayError
 from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
-from workers.backends.base import Generation, GenerationInput, Outcome, until_unwanted
-from workers.backends.llama_batch import BatchDecoder, Decoded, SequenceRequest
+from workers.backends.base import ErrorMap, Generation, GenerationInput, Outcome, until_unwanted
+from workers.backends.llama_batch import LLAMA_CPP_ERRORS, BatchDecoder, Decoded, SequenceRequest
 from workers.backends.pieces import AnswerPieces, PieceRelay, Utf8Pieces
 from workers.models import prompt_style, resolve_gguf
 
@@ -47,6 +47,7 @@ class Prompt:
 
 class LlamaCppBackend:
     kind = "llamacpp"
+    errors: ClassVar[ErrorMap] = LLAMA_CPP_ERRORS
 
     def __init__(self, model: str, settings: BackendSettings) -> None:
         self.model = model

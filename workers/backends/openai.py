@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import httpx
 
 from schemas.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, LanewayError
 from schemas.settings import BackendSettings
 from workers.backends.base import (
+    COMMON_ERRORS,
+    ErrorMap,
     Generation,
     GenerationInput,
     Outcome,
@@ -21,11 +23,23 @@ from workers.backends.base import (
     until_unwanted,
 )
 
-__all__ = ["OpenAIBackend"]
+__all__ = ["OPENAI_ERRORS", "OpenAIBackend"]
+
+OPENAI_ERRORS: ErrorMap = {
+    **COMMON_ERRORS,
+    httpx.TimeoutException: DeadlineExceeded,
+    httpx.HTTPError: BackendUnavailable,
+    ValueError: BackendUnavailable,  # a reply that is not the JSON it should be
+    LookupError: BackendUnavailable,
+    TypeError: BackendUnavailable,
+    AttributeError: BackendUnavailable,
+}
+"""httpx's errors and a malformed reply's, as an OpenAI-compatible server gives them."""
 
 
 class OpenAIBackend:
     kind = "openai"
+    errors: ClassVar[ErrorMap] = OPENAI_ERRORS
 
     def __init__(self, model: str, settings: BackendSettings) -> None:
         self.model = model
@@ -97,7 +111,7 @@ class OpenAIBackend:
                 finish=_finish(choice.get("finish_reason")),
             )
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            return map_backend_exception(exc)
+            return map_backend_exception(exc, OPENAI_ERRORS)
 
     async def _streamed(
         self,
@@ -144,7 +158,7 @@ class OpenAIBackend:
         except httpx.HTTPError as exc:
             return BackendUnavailable(f"OpenAI-compatible server unreachable: {exc}")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            return map_backend_exception(exc)
+            return map_backend_exception(exc, OPENAI_ERRORS)
         return Generation(
             text="".join(pieces),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import itertools
 import time
@@ -47,6 +48,8 @@ from schemas.errors import (
 from schemas.messages import ChatMessage
 from schemas.settings import BackendSettings
 from workers.backends.base import (
+    COMMON_ERRORS,
+    ErrorMap,
     Generation,
     GenerationInput,
     Outcome,
@@ -67,6 +70,7 @@ __all__ = [
     "platform_problem",
     "sampling_options",
     "time_left",
+    "vllm_errors",
 ]
 
 T = TypeVar("T")
@@ -196,21 +200,48 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         )
 
 
+@functools.cache
+def vllm_errors() -> ErrorMap:
+    """The vLLM backend's error map: torch's CUDA errors (torch is a base
+    dependency) and, where vLLM is importable, its dead engine, which must
+    be dropped and loaded afresh (execution does that for CUDA-ERR)."""
+    import torch
+
+    errors: dict[type[BaseException], type[LanewayError]] = {
+        **COMMON_ERRORS,
+        torch.OutOfMemoryError: OutOfMemory,
+        torch.AcceleratorError: CudaFailure,  # "CUDA error: ..." from a kernel
+        torch.cuda.CudaError: CudaFailure,
+    }
+    errors.update(dict.fromkeys(_engine_dead(), CudaFailure))
+    return errors
+
+
+@functools.cache
+def _engine_dead() -> tuple[type[BaseException], ...]:
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:
+        return ()
+    return (EngineDeadError,)
+
+
 def map_vllm_exception(exc: BaseException) -> LanewayError:
-    """``map_backend_exception`` over the whole cause chain: vLLM wraps the
-    error of a failed request (``EngineGenerateError`` from the CUDA error)
-    and says little in its own message. A dead engine (``EngineDeadError``)
-    is ``CudaFailure``: it must be dropped and loaded afresh, which is what
-    execution does for CUDA-ERR."""
+    """``vllm_errors`` over the whole cause chain: vLLM wraps the error of
+    a failed request (``EngineGenerateError`` from the CUDA error) and says
+    little in its own message. A dead engine (``EngineDeadError``) is
+    ``CudaFailure`` unless the chain holds the CUDA or memory error that
+    killed it."""
+    errors, dead = vllm_errors(), _engine_dead()
     chain = list(_chain(exc))
     text = " <- ".join(f"{type(e).__name__}: {e}" for e in chain)[:1000]
     for error in chain:
-        mapped = map_backend_exception(error)
-        if isinstance(mapped, OutOfMemory | CudaFailure):
+        mapped = map_backend_exception(error, errors)
+        if isinstance(mapped, OutOfMemory | CudaFailure) and not isinstance(error, dead):
             return type(mapped)(text)
-    if any(type(e).__name__ == "EngineDeadError" for e in chain):
+    if any(isinstance(e, dead) for e in chain):
         return CudaFailure(f"the vLLM engine died: {text}")
-    mapped = map_backend_exception(exc)
+    mapped = map_backend_exception(exc, errors)
     if isinstance(mapped, BackendUnavailable):
         return BackendUnavailable(f"vLLM failed: {text}")
     return mapped
@@ -267,6 +298,11 @@ class DeltaJoin:
 
 class VLLMBackend:
     kind = "vllm"
+
+    @property
+    def errors(self) -> ErrorMap:
+        """``vllm_errors``, built when first asked for (it imports torch)."""
+        return vllm_errors()
 
     def __init__(self, model: str, settings: BackendSettings) -> None:
         self.model = model

@@ -153,8 +153,8 @@ def test_a_cache_hit_is_answered_by_the_classifier() -> None:
     from streams.cache.response import CacheHit
     from streams.classify.classifier import route
     from streams.classify.policy import Found
-    from streams.classify.registry import builtin_registry
     from streams.classify.router import SmartRouter
+    from streams.routing.registry import builtin_registry
 
     admitted = admit(record(body()), now_ms=NOW, settings=SETTINGS)
     assert isinstance(admitted, Admitted)
@@ -188,8 +188,8 @@ def test_a_route_chosen_to_explore_is_marked_on_the_lane_record() -> None:
     from streams.classify.app import _choice
     from streams.classify.classifier import route
     from streams.classify.policy import Found
-    from streams.classify.registry import builtin_registry
     from streams.classify.router import SmartRouter
+    from streams.routing.registry import builtin_registry
 
     admitted = admit(record(body(prompt="Name a colour.")), now_ms=NOW, settings=SETTINGS)
     assert isinstance(admitted, Admitted)

@@ -21,9 +21,9 @@ from streams.cache.response import CacheHit, Probe
 from streams.classify.batch import BatchClassifier, BatchLookups, Plan, semantic_wanted, waves
 from streams.classify.classifier import Admitted, SourceRecord
 from streams.classify.gate import RealtimeGate, RealtimeWorker
-from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
 from streams.devstack.embedded import free_port
+from streams.routing.registry import builtin_registry
 from streams.rules.engine import DEFAULT_RULES, Rule, RuleAnswer, RuleBook, Template
 from streams.stores.ratelimit import Verdict
 

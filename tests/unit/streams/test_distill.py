@@ -20,17 +20,9 @@ from schemas.messages import (
     Usage,
 )
 from schemas.settings import BackendSettings, Settings
-from streams.classify.features import extract_features
-from streams.classify.registry import builtin_registry
 from streams.distill.evaluate import curve, heavy_share_at_quality, point
 from streams.distill.export import Collected, Window, join_rows
 from streams.distill.labels import label_rows
-from streams.distill.learned import (
-    ArtifactError,
-    LearnedRouter,
-    RouterArtifact,
-    feature_values,
-)
 from streams.distill.report import build_report, write_report
 from streams.distill.rows import ExportRow, RowsError, parse_when, read_rows, write_rows
 from streams.distill.train import (
@@ -40,6 +32,14 @@ from streams.distill.train import (
     train_router,
     write_finetune,
 )
+from streams.routing.features import extract_features
+from streams.routing.learned import (
+    ArtifactError,
+    LearnedRouter,
+    RouterArtifact,
+    feature_values,
+)
+from streams.routing.registry import builtin_registry
 
 SETTINGS = Settings()
 REGISTRY = builtin_registry(BackendSettings())

@@ -139,7 +139,7 @@ def test_disabled_monitor_observes_nothing() -> None:
 
 def test_observe_and_score_are_cheap() -> None:
     """Budget for the hot path: the classifier observes every request. The
-    rows have the shape of ``streams.classify.features.RequestFeatures.as_dict()``."""
+    rows have the shape of ``streams.routing.features.RequestFeatures.as_dict()``."""
     rng = random.Random(4)
     rows: list[dict[str, Value]] = [
         {

@@ -2,7 +2,7 @@ import pytest
 
 from schemas.messages import InferenceRequest
 from schemas.settings import RoutingSettings
-from streams.classify.features import (
+from streams.routing.features import (
     Complexity,
     complexity_of,
     detect_language,

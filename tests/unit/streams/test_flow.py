@@ -7,7 +7,6 @@ from prometheus_client import REGISTRY
 from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import FlowSettings, RoutingSettings, Settings
 from streams.classify.classifier import SourceRecord, classify_record
-from streams.classify.features import Complexity
 from streams.classify.flow import (
     FlowController,
     LaneFull,
@@ -17,6 +16,7 @@ from streams.classify.flow import (
     spills,
 )
 from streams.classify.policy import Decision
+from streams.routing.features import Complexity
 from streams.rules.engine import RuleBook
 from streams.stores.backlog import DrainRate
 from streams.stores.workerboard import Serving
@@ -145,8 +145,8 @@ def test_a_full_realtime_lane_refuses_model_requests_fast() -> None:
 def test_a_full_realtime_lane_still_answers_by_rules() -> None:
     from streams.classify.classifier import Admitted, admit, route
     from streams.classify.policy import Found
-    from streams.classify.registry import builtin_registry
     from streams.classify.router import SmartRouter
+    from streams.routing.registry import builtin_registry
     from streams.rules.engine import RuleBook
 
     settings = Settings()
@@ -172,8 +172,8 @@ def test_simple_work_the_classifier_put_on_a_full_realtime_lane_goes_to_medium()
     from streams.classify.app import observe_outcomes
     from streams.classify.classifier import Admitted, Classified, admit, route
     from streams.classify.policy import Found
-    from streams.classify.registry import builtin_registry
     from streams.classify.router import SmartRouter
+    from streams.routing.registry import builtin_registry
 
     # No exploration: on medium both paths are eligible, and 5% of the
     # routes would take the other one at random.

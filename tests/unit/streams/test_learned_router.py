@@ -13,10 +13,10 @@ import pytest
 from schemas.messages import AnswerPath, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import BackendSettings, RoutingSettings, Settings
 from streams.classify.classifier import SourceRecord, classify_record
-from streams.classify.features import Complexity, RequestFeatures, complexity_of, extract_features
-from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
-from streams.distill.learned import BASE_FEATURES, LearnedRouter, RouterArtifact, save_artifact
+from streams.routing.features import Complexity, RequestFeatures, complexity_of, extract_features
+from streams.routing.learned import BASE_FEATURES, LearnedRouter, RouterArtifact, save_artifact
+from streams.routing.registry import builtin_registry
 from streams.rules.engine import RuleBook
 
 REGISTRY = builtin_registry(BackendSettings())

@@ -23,8 +23,8 @@ from streams.classify.classifier import (
 )
 from streams.classify.flow import LaneFull
 from streams.classify.policy import Found, lane_serving
-from streams.classify.registry import ModelRegistry, builtin_registry, lanes_serving
 from streams.classify.router import SmartRouter
+from streams.routing.registry import ModelRegistry, builtin_registry, lanes_serving
 from streams.rules.engine import RuleBook
 
 SETTINGS = Settings(routing=RoutingSettings(exploration=0.0))

@@ -4,10 +4,10 @@ import pytest
 
 from schemas.messages import AnswerPath, InferenceRequest, Lane
 from schemas.settings import BackendSettings, RoutingSettings
-from streams.classify.features import Complexity, estimate_tokens
 from streams.classify.policy import Decision, Found, decide
-from streams.classify.registry import builtin_registry
 from streams.classify.router import SmartRouter
+from streams.routing.features import Complexity, estimate_tokens
+from streams.routing.registry import builtin_registry
 from streams.rules.engine import Rule, RuleBook
 
 ROUTING = RoutingSettings(exploration=0.0)

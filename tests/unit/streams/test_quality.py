@@ -7,7 +7,6 @@ import pytest
 
 from schemas.messages import AnswerPath, Feedback, QualityEvent
 from schemas.settings import KafkaSettings, RoutingSettings, Settings
-from streams.classify.router import PathStats
 from streams.quality.loop import Answered
 from streams.quality.records import (
     PartStats,
@@ -17,6 +16,7 @@ from streams.quality.records import (
     merge,
     merge_all,
 )
+from streams.routing.stats import PathStats
 
 
 def test_an_answer_is_remembered_with_its_cache_entry() -> None:

@@ -17,17 +17,17 @@ from pydantic import ValidationError
 
 from schemas.messages import AnswerPath, InferenceRequest, InferenceResult, Lane, RoutedRequest
 from schemas.settings import BackendSettings, RoutingSettings, Settings
-from streams.classify.features import Complexity
 from streams.classify.flow import apply_level
 from streams.classify.policy import Decision
-from streams.classify.registry import (
+from streams.classify.router import SmartRouter
+from streams.routing.features import Complexity
+from streams.routing.registry import (
     ModelRegistry,
     RegistryError,
     builtin_registry,
     load_registry,
     worker_paths,
 )
-from streams.classify.router import SmartRouter
 from tests.unit.workers.test_execution import Exploding, Named, rules_slot, slot_of
 from workers.execution import Executor, backend_slots
 

@@ -16,8 +16,6 @@ from schemas.messages import (
     RoutedRequest,
 )
 from schemas.settings import BackendSettings, RolloutSettings, RoutingSettings, Settings
-from streams.classify.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
-from streams.classify.router import PathStats
 from streams.quality.records import PartStats, fold, merge_versions, version_field
 from streams.rollout.assign import RolloutView, assignment_key, pick_shadows, pick_version, unit
 from streams.rollout.report import aggregate, format_reports, pair
@@ -31,6 +29,8 @@ from streams.rollout.state import (
     rollback,
     shadow,
 )
+from streams.routing.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
+from streams.routing.stats import PathStats
 
 SETTINGS = Settings()
 RULES = RolloutSettings()

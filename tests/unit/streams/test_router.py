@@ -5,10 +5,11 @@ import pytest
 
 from schemas.messages import AnswerPath, Lane, QualityEvent
 from schemas.settings import BackendSettings, RoutingSettings, Settings
-from streams.classify.features import Complexity
-from streams.classify.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
-from streams.classify.router import PathStats, SmartRouter, ewma, score_paths
+from streams.classify.router import SmartRouter, score_paths
 from streams.quality.records import LaneLatency, fold
+from streams.routing.features import Complexity
+from streams.routing.registry import ModelRegistry, RegistryError, builtin_registry, load_registry
+from streams.routing.stats import PathStats, ewma
 
 REGISTRY = builtin_registry(BackendSettings())
 SETTINGS = Settings()

@@ -13,9 +13,7 @@ from schemas.messages import AnswerPath, InferenceRequest, QualityEvent, RoutedR
 from schemas.settings import RolloutSettings, RoutingSettings, Settings
 from streams.classify.classifier import Admitted, SourceRecord, admit, route
 from streams.classify.policy import Found
-from streams.classify.registry import builtin_registry
-from streams.classify.router import PathStats, SmartRouter
-from streams.distill.learned import BASE_FEATURES, RouterArtifact, save_artifact
+from streams.classify.router import SmartRouter
 from streams.quality.records import PartStats, merge_routers, router_field
 from streams.rollout.assign import RolloutView, assignment_key, pick_version
 from streams.rollout.rollback import RouterRecord, decide_router
@@ -32,6 +30,9 @@ from streams.rollout.routers import (
     shadow_router,
 )
 from streams.rollout.state import RolloutError, VersionRollout, apply, canary
+from streams.routing.learned import BASE_FEATURES, RouterArtifact, save_artifact
+from streams.routing.registry import builtin_registry
+from streams.routing.stats import PathStats
 
 NOW = 1_700_000_000_000
 RULES = RolloutSettings()

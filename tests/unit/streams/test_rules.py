@@ -17,13 +17,19 @@ from redis.exceptions import ResponseError
 from streams.ops import REDIS_ERRORS
 from streams.rules.engine import Rule, RuleBook, Template
 from streams.rules.intents import MAX_CLASSIFY_CHARS, IntentIndex, IntentSpec, classify_intent
-from streams.rules.rulefile import EXAMPLE_RULES_FILE, RuleFileError, RuleSource
+from streams.rules.rulefile import (
+    EXAMPLE_RULES_FILE,
+    RuleFileError,
+    RuleSource,
+    read_rule_file,
+    read_rules,
+)
 
-EXAMPLE = RuleBook.from_file(EXAMPLE_RULES_FILE)
+EXAMPLE = read_rule_file(EXAMPLE_RULES_FILE)
 
 
 def book(yaml_text: str) -> RuleBook:
-    return RuleBook.from_yaml(textwrap.dedent(yaml_text), source="test.yaml")
+    return read_rules(textwrap.dedent(yaml_text), source="test.yaml")
 
 
 def refused(yaml_text: str) -> str:

@@ -8,7 +8,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from schemas.messages import ChatMessage, InferenceRequest
 from schemas.settings import SessionSettings
-from streams.classify.features import estimate_tokens
+from streams.routing.features import estimate_tokens
 from streams.stores.sessions import (
     SESSION_ERRORS,
     SessionStore,

@@ -16,10 +16,10 @@ from streams.cache.response import CacheHit
 from streams.classify.batch import BatchClassifier, BatchLookups
 from streams.classify.classifier import Admitted, SourceRecord, admit, classify_record, route
 from streams.classify.policy import Found
-from streams.classify.registry import ModelRegistry, builtin_registry
 from streams.classify.router import SmartRouter
 from streams.classify.tokens import TokenCounter, counting_model
 from streams.devstack.embedded import free_port
+from streams.routing.registry import ModelRegistry, builtin_registry
 from streams.rules.engine import RuleBook
 from streams.rules.rulefile import RuleSource
 from workers.models import resolve_gguf

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from schemas.messages import AnswerPath, Lane
-from streams.classify.router import PathStats
+from streams.routing.stats import PathStats
 from streams.stores.workerboard import PathCard, WorkerCard
 from streams.top.view import Scrape, quantile, snapshot
 

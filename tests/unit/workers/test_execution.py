@@ -1,6 +1,7 @@
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import httpx
 import pytest
 
 from schemas.errors import (
@@ -13,16 +14,21 @@ from schemas.errors import (
 )
 from schemas.messages import AnswerPath, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import BackendSettings
-from streams.classify.registry import ModelRegistry, builtin_registry
+from streams.routing.registry import ModelRegistry, builtin_registry
 from workers.backends.base import (
+    COMMON_ERRORS,
     Backend,
+    ErrorMap,
     Generation,
     GenerationInput,
     Outcome,
     create_backend,
+    errors_of,
     map_backend_exception,
 )
+from workers.backends.llama_batch import LLAMA_CPP_ERRORS
 from workers.backends.llamacpp import as_transcript
+from workers.backends.openai import OPENAI_ERRORS, OpenAIBackend
 from workers.execution import BackendSlot, Executor, backend_slots, version_slots
 
 
@@ -41,14 +47,29 @@ def routed(
     )
 
 
+def _vllm_errors() -> ErrorMap:
+    from workers.backends.vllm import vllm_errors
+
+    return vllm_errors()
+
+
+def _torch_error(name: str, message: str) -> Exception:
+    import torch
+
+    error: Exception = getattr(torch, name)(message)
+    return error
+
+
 class Exploding:
-    """A backend whose inference raises: the error must reach every request."""
+    """A backend whose inference raises: the error must reach every request,
+    mapped by the backend's ``errors``."""
 
     kind = "exploding"
     model = "x"
 
-    def __init__(self, exc: Exception) -> None:
+    def __init__(self, exc: Exception, errors: ErrorMap = COMMON_ERRORS) -> None:
         self.exc = exc
+        self.errors = errors
         self.seen: list[GenerationInput] = []
 
     async def load(self) -> None: ...
@@ -84,7 +105,10 @@ async def test_expired_requests_never_reach_the_model() -> None:
 
 
 async def test_inference_errors_are_spread_and_mapped() -> None:
-    cuda = Exploding(RuntimeError("CUDA error: device-side assert triggered"))
+    cuda = Exploding(
+        _torch_error("AcceleratorError", "CUDA error: device-side assert triggered"),
+        _vllm_errors(),
+    )
     executor = Executor(Lane.BULK, {AnswerPath.HEAVY: slot_of(cuda)})
     batch = [routed(f"q{i}", AnswerPath.HEAVY, rid=f"r{i}") for i in range(3)]
     finished = await executor.execute(batch)
@@ -131,21 +155,48 @@ def test_unknown_backend_and_missing_vllm_are_clear() -> None:
 
 
 @pytest.mark.parametrize(
-    ("exc", "kind"),
+    ("errors", "exc", "kind"),
     [
-        (MemoryError(), OutOfMemory),
-        (RuntimeError("CUDA out of memory. Tried to allocate"), OutOfMemory),
-        (RuntimeError("CUDA driver version is insufficient"), CudaFailure),
-        (TimeoutError("slow"), DeadlineExceeded),
-        (ValueError("weird"), BackendUnavailable),
+        (lambda: COMMON_ERRORS, lambda: MemoryError(), OutOfMemory),
+        (
+            _vllm_errors,
+            lambda: _torch_error("OutOfMemoryError", "CUDA out of memory. Tried to allocate"),
+            OutOfMemory,
+        ),
+        (
+            _vllm_errors,
+            lambda: _torch_error("AcceleratorError", "CUDA driver version is insufficient"),
+            CudaFailure,
+        ),
+        (lambda: COMMON_ERRORS, lambda: TimeoutError("slow"), DeadlineExceeded),
+        (lambda: COMMON_ERRORS, lambda: ValueError("weird"), BackendUnavailable),
     ],
 )
-def test_map_backend_exception(exc: Exception, kind: type[LanewayError]) -> None:
-    error = map_backend_exception(exc)
+def test_map_backend_exception(
+    errors: Callable[[], ErrorMap],
+    exc: Callable[[], Exception],
+    kind: type[LanewayError],
+) -> None:
+    raised = exc()
+    error = map_backend_exception(raised, errors())
     assert isinstance(error, kind)
-    assert type(exc).__name__ in error.message
+    assert type(raised).__name__ in error.message
     same = BackendUnavailable("kept")
     assert map_backend_exception(same) is same
+
+
+def test_errors_map_by_their_most_specific_class_and_never_by_message() -> None:
+    timed_out = httpx.ConnectTimeout("no answer")  # a TimeoutException and an HTTPError
+    assert isinstance(map_backend_exception(timed_out, OPENAI_ERRORS), DeadlineExceeded)
+    assert isinstance(
+        map_backend_exception(httpx.ConnectError("refused"), OPENAI_ERRORS), BackendUnavailable
+    )
+    worded = RuntimeError("CUDA out of memory")  # a plain RuntimeError: its words do not count
+    assert isinstance(map_backend_exception(worded), BackendUnavailable)
+    assert isinstance(map_backend_exception(worded, LLAMA_CPP_ERRORS), BackendUnavailable)
+    assert isinstance(map_backend_exception(MemoryError(), LLAMA_CPP_ERRORS), OutOfMemory)
+    assert errors_of(object()) is COMMON_ERRORS
+    assert errors_of(OpenAIBackend("m", BackendSettings())) is OPENAI_ERRORS
 
 
 def test_error_tree_codes() -> None:
@@ -207,7 +258,8 @@ async def test_a_cuda_error_opens_the_breaker_at_once_and_reloads_the_backend() 
     loads: list[Exploding] = []
 
     def load() -> Exploding:
-        loads.append(Exploding(RuntimeError("CUDA error: an illegal memory access")))
+        error = _torch_error("AcceleratorError", "CUDA error: an illegal memory access")
+        loads.append(Exploding(error, _vllm_errors()))
         return loads[-1]
 
     breaker = CircuitBreaker(failures=5, window_s=30, cooldown_s=10, clock=clock)

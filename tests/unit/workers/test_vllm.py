@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from schemas.errors import (
     BackendUnavailable,
@@ -231,20 +232,12 @@ async def test_the_streams_errors_propagate_and_its_own_timeouts_are_no_deadline
 
 # -- errors --------------------------------------------------------------------
 
-# Named as vLLM's own exception classes, which the mapping recognises by name
-# so that it needs no vLLM import.
+# The mapping is by type: torch's own CUDA errors (torch is a base
+# dependency), and vLLM's dead engine where vLLM is installed.
 
 
 class EngineGenerateError(Exception):
-    pass
-
-
-class EngineDeadError(Exception):
-    pass
-
-
-class OutOfMemoryError(RuntimeError):  # torch.OutOfMemoryError
-    pass
+    """A wrapper the map does not list (vLLM's is named so)."""
 
 
 def raised(error: BaseException, cause: BaseException | None = None) -> BaseException:
@@ -255,13 +248,13 @@ def raised(error: BaseException, cause: BaseException | None = None) -> BaseExce
 
 
 def test_a_cuda_error_is_cuda_err() -> None:
-    mapped = map_vllm_exception(RuntimeError("CUDA error: an illegal memory access"))
+    mapped = map_vllm_exception(torch.AcceleratorError("CUDA error: an illegal memory access"))
     assert isinstance(mapped, CudaFailure)
 
 
 def test_a_wrapped_out_of_memory_is_mem_err_and_names_both() -> None:
     error = raised(
-        EngineGenerateError(), OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        EngineGenerateError(), torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
     )
     mapped = map_vllm_exception(error)
     assert isinstance(mapped, OutOfMemory)
@@ -271,7 +264,7 @@ def test_a_wrapped_out_of_memory_is_mem_err_and_names_both() -> None:
 def test_an_error_raised_while_handling_another_is_read_through() -> None:
     try:
         try:
-            raise RuntimeError("CUDA error: device-side assert triggered")
+            raise torch.AcceleratorError("CUDA error: device-side assert triggered")
         except RuntimeError:
             raise ValueError("while cleaning up") from None
     except ValueError as first:
@@ -279,15 +272,21 @@ def test_an_error_raised_while_handling_another_is_read_through() -> None:
     assert isinstance(map_vllm_exception(suppressed), BackendUnavailable)
     try:
         try:
-            raise RuntimeError("CUDA error: device-side assert triggered")
+            raise torch.AcceleratorError("CUDA error: device-side assert triggered")
         except RuntimeError:
             raise ValueError("while cleaning up")  # noqa: B904
     except ValueError as second:
         assert isinstance(map_vllm_exception(second), CudaFailure)
 
 
+def test_a_cuda_worded_error_of_another_type_is_not_guessed_from_its_message() -> None:
+    mapped = map_vllm_exception(RuntimeError("CUDA error: an illegal memory access"))
+    assert isinstance(mapped, BackendUnavailable)
+
+
 def test_a_dead_engine_is_cuda_err_so_it_is_dropped_and_reloaded() -> None:
-    mapped = map_vllm_exception(EngineDeadError("EngineCore encountered an issue."))
+    exceptions = pytest.importorskip("vllm.v1.engine.exceptions", reason="needs laneway[gpu]")
+    mapped = map_vllm_exception(exceptions.EngineDeadError("EngineCore encountered an issue."))
     assert isinstance(mapped, CudaFailure) and "engine died" in mapped.message
 
 

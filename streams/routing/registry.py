@@ -55,9 +55,10 @@ from pydantic import (
     model_validator,
 )
 
+from schemas.backends import BackendName
 from schemas.messages import AUTO_MODEL, AnswerPath, Lane
 from schemas.settings import BackendSettings, Settings
-from streams.classify.features import Complexity
+from streams.routing.features import Complexity
 
 __all__ = [
     "ModelEntry",
@@ -83,7 +84,8 @@ class ModelEntry(BaseModel):
 
     name: str
     version: str = "1"
-    backend: Literal["llamacpp", "openai", "vllm", "rules"]
+    backend: BackendName
+    """One of ``schemas.backends.BACKEND_KINDS``."""
     path: AnswerPath
     """The model path this entry is a version of: ``light`` and ``heavy`` in
     the built-in registry, or any other name (``AnswerPath``'s rules; ``cache`` and

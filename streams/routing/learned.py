@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from streams.classify.features import RequestFeatures
+from streams.routing.features import RequestFeatures
 
 __all__ = [
     "BASE_FEATURES",
