@@ -12,7 +12,7 @@ __all__ = ["cmd", "subparser_init"]
 
 def subparser_init(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "classifier", help="run the classifier agent (faust)"
+        "classifier", help="run the classifier: the request intake, cache, rules and lane routing"
     )
     return parser
 
