@@ -89,7 +89,9 @@ class Knobs:
     deadline_ms: int | None = None
     session_id: str | None = None
     cache: str | None = None
-    """``bypass`` (neither read nor write the response cache) or ``no-store``."""
+    """The response cache's directives, as on the wire (``metadata.cache``):
+    ``bypass`` (skip the lookup), ``no-store`` (keep the answer out), or both,
+    comma-separated."""
 
 
 def knobs_from_headers(headers: Mapping[str, str]) -> Knobs:
@@ -105,8 +107,11 @@ def knobs_from_headers(headers: Mapping[str, str]) -> Knobs:
         if not deadline.isdigit() or int(deadline) < 1:
             raise _bad("X-Laneway-Deadline-Ms must be a whole number of milliseconds above 0")
         deadline_ms = int(deadline)
-    if cache is not None and cache not in ("bypass", "no-store"):
-        raise _bad(f"X-Laneway-Cache must be bypass or no-store, not {cache!r}")
+    if cache is not None and not {part.strip() for part in cache.split(",")} <= {
+        "bypass",
+        "no-store",
+    }:
+        raise _bad(f"X-Laneway-Cache must be bypass, no-store or both, not {cache!r}")
     if session is not None and not session:
         raise _bad("X-Laneway-Session must not be empty")
     return Knobs(

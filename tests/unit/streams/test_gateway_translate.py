@@ -108,6 +108,12 @@ def test_knobs_come_from_headers() -> None:
     assert knobs_from_headers({}) == Knobs()
 
 
+def test_both_cache_directives_are_one_header_as_on_the_wire() -> None:
+    knobs = knobs_from_headers({"X-Laneway-Cache": "bypass, no-store"})
+    fields = translate({"messages": [{"role": "user", "content": "Hi"}]}, knobs=knobs)
+    assert fields["metadata"] == {"cache": "bypass, no-store"}
+
+
 @pytest.mark.parametrize(
     "headers",
     [
@@ -115,6 +121,7 @@ def test_knobs_come_from_headers() -> None:
         {"X-Laneway-Deadline-Ms": "-5"},
         {"X-Laneway-Deadline-Ms": "soon"},
         {"X-Laneway-Cache": "off"},
+        {"X-Laneway-Cache": "bypass, off"},
         {"X-Laneway-Session": ""},
     ],
 )
