@@ -28,6 +28,7 @@ import contextlib
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -112,6 +113,9 @@ def _target(settings: Settings, args: argparse.Namespace) -> Iterator[_Target]:
         use_external_redis="url" in settings.redis.model_fields_set,
         gateway_port=0,
         log_path=args.log_file,
+        # One tenant sends everything here: its token bucket (50 requests/s by
+        # default) would be the figure, not the gateway.
+        child_env={"LANEWAY_RATELIMIT_ENABLED": "false"},
     )
     stack.start()
     try:
@@ -163,8 +167,11 @@ async def _added_latency(target: _Target, n: int) -> tuple[Leg, Leg]:
     return Leg("gateway (openai SDK)", gateway), Leg("Kafka (laneway SDK)", kafka)
 
 
-async def _gateway_rps(target: _Target, concurrency: int, seconds: float) -> tuple[int, float, int]:
-    """Rule answers through the gateway: (answered, wall s, failed)."""
+async def _gateway_rps(
+    target: _Target, concurrency: int, seconds: float, codes: Counter[str]
+) -> tuple[int, float, int]:
+    """Rule answers through the gateway: (answered, wall s, failed); the
+    failures' HTTP statuses are counted in ``codes``."""
     answered = failed = 0
     stop = time.perf_counter() + seconds
     headers = {"Authorization": f"Bearer {API_KEY}"}
@@ -184,14 +191,18 @@ async def _gateway_rps(target: _Target, concurrency: int, seconds: float) -> tup
                         answered += 1
                     else:
                         failed += 1
+                        codes[f"HTTP {response.status}"] += 1
 
         begun = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         return answered, time.perf_counter() - begun, failed
 
 
-async def _kafka_rps(target: _Target, concurrency: int, seconds: float) -> tuple[int, float, int]:
-    """Rule answers through the Kafka SDK: (answered, wall s, failed)."""
+async def _kafka_rps(
+    target: _Target, concurrency: int, seconds: float, codes: Counter[str]
+) -> tuple[int, float, int]:
+    """Rule answers through the Kafka SDK: (answered, wall s, failed); the
+    failures' error codes are counted in ``codes``."""
     answered = failed = 0
     stop = time.perf_counter() + seconds
     async with LanewayClient(
@@ -209,6 +220,7 @@ async def _kafka_rps(target: _Target, concurrency: int, seconds: float) -> tuple
                     answered += 1
                 else:
                     failed += 1
+                    codes[result.error.code if result.error else "error"] += 1
 
         begun = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
@@ -264,6 +276,10 @@ async def _ttft(target: _Target, n: int) -> tuple[Leg, Leg]:
     return Leg("gateway SSE (openai SDK)", gateway), Leg("Kafka stream (laneway SDK)", kafka)
 
 
+def _why(codes: Counter[str]) -> str:
+    return (": " + ", ".join(f"{n} {code}" for code, n in codes.most_common())) if codes else ""
+
+
 def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     try:
         import openai  # noqa: F401
@@ -275,12 +291,14 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
         print(f"laneway bench gateway: {target.url}, Kafka {target.settings.kafka.bootstrap}")
         via_gateway, via_kafka = asyncio.run(_added_latency(target, args.requests))
         cpu_before = _cpu_s(target.gateway_pid)
+        gw_codes: Counter[str] = Counter()
         gw_answered, gw_wall, gw_failed = asyncio.run(
-            _gateway_rps(target, args.concurrency, args.seconds)
+            _gateway_rps(target, args.concurrency, args.seconds, gw_codes)
         )
         cpu_after = _cpu_s(target.gateway_pid)
+        kafka_codes: Counter[str] = Counter()
         kafka_answered, kafka_wall, kafka_failed = asyncio.run(
-            _kafka_rps(target, args.concurrency, args.seconds)
+            _kafka_rps(target, args.concurrency, args.seconds, kafka_codes)
         )
         sse, stream = asyncio.run(_ttft(target, args.streams))
 
@@ -301,8 +319,11 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     gw_rps = gw_answered / gw_wall
     kafka_rps = kafka_answered / kafka_wall
     print(f"\nrule answers with {args.concurrency} in flight for {args.seconds:.0f} s:")
-    print(f"  gateway (aiohttp):    {gw_rps:8.0f} answers/s ({gw_failed} failed)")
-    print(f"  Kafka (laneway SDK):  {kafka_rps:8.0f} answers/s ({kafka_failed} failed)")
+    print(f"  gateway (aiohttp):    {gw_rps:8.0f} answers/s ({gw_failed} failed{_why(gw_codes)})")
+    print(
+        f"  Kafka (laneway SDK):  {kafka_rps:8.0f} answers/s "
+        f"({kafka_failed} failed{_why(kafka_codes)})"
+    )
     print(f"  gateway / Kafka: {gw_rps / max(kafka_rps, 1e-9):.2f}")
     figures["gateway_rule_rps"] = Figure(gw_rps, "req/s", "rule answers/s through the gateway")
     figures["kafka_rule_rps"] = Figure(kafka_rps, "req/s", "rule answers/s through the Kafka SDK")
