@@ -294,6 +294,11 @@ async def _ttft(target: _Target, n: int) -> tuple[Leg, Leg]:
     return Leg("gateway SSE (openai SDK)", gateway), Leg("Kafka stream (laneway SDK)", kafka)
 
 
+def _ms(value: float) -> float:
+    """A latency as reported: to the hundredth of a millisecond."""
+    return round(value, 2)
+
+
 def _why(codes: Counter[str]) -> str:
     return (": " + ", ".join(f"{n} {code}" for code, n in codes.most_common())) if codes else ""
 
@@ -334,11 +339,11 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     for name, leg in (("gateway_sdk", via_sdk), ("gateway", via_gateway), ("kafka", via_kafka)):
         for q, label in ((0.5, "p50"), (0.99, "p99")):
             figures[f"{name}_rule_{label}_ms"] = Figure(
-                leg.p(q), "ms", f"rule answer {label}, {leg.name}"
+                _ms(leg.p(q)), "ms", f"rule answer {label}, {leg.name}"
             )
-    figures["added_p50_ms"] = Figure(added_p50, "ms", "what the gateway adds at p50")
-    figures["added_p99_ms"] = Figure(added_p99, "ms", "what the gateway adds at p99")
-    figures["openai_sdk_p50_ms"] = Figure(sdk_p50, "ms", "what the openai SDK adds at p50")
+    figures["added_p50_ms"] = Figure(_ms(added_p50), "ms", "what the gateway adds at p50")
+    figures["added_p99_ms"] = Figure(_ms(added_p99), "ms", "what the gateway adds at p99")
+    figures["openai_sdk_p50_ms"] = Figure(_ms(sdk_p50), "ms", "what the openai SDK adds at p50")
 
     gw_rps = gw_answered / gw_wall
     kafka_rps = kafka_answered / kafka_wall
@@ -349,8 +354,12 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
         f"({kafka_failed} failed{_why(kafka_codes)})"
     )
     print(f"  gateway / Kafka: {gw_rps / max(kafka_rps, 1e-9):.2f}")
-    figures["gateway_rule_rps"] = Figure(gw_rps, "req/s", "rule answers/s through the gateway")
-    figures["kafka_rule_rps"] = Figure(kafka_rps, "req/s", "rule answers/s through the Kafka SDK")
+    figures["gateway_rule_rps"] = Figure(
+        round(gw_rps), "req/s", "rule answers/s through the gateway"
+    )
+    figures["kafka_rule_rps"] = Figure(
+        round(kafka_rps), "req/s", "rule answers/s through the Kafka SDK"
+    )
     if cpu_before is not None and cpu_after is not None and cpu_after > cpu_before:
         per_core = gw_answered / (cpu_after - cpu_before)
         print(
@@ -358,7 +367,7 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
             f"{gw_answered} answers: {per_core:.0f} answers per CPU second of its own"
         )
         figures["gateway_rps_per_core"] = Figure(
-            per_core, "req/s", "rule answers per CPU second of the gateway process"
+            round(per_core), "req/s", "rule answers per CPU second of the gateway process"
         )
 
     print(f"\ntime to first token, light model, {len(sse.latencies_ms)} streamed per client:")
@@ -368,9 +377,9 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     if sse.latencies_ms and stream.latencies_ms:
         ratio = sse.p(0.5) / max(stream.p(0.5), 1e-9)
         print(f"  SSE / Kafka: {ratio:.2f}")
-        figures["gateway_ttft_p50_ms"] = Figure(sse.p(0.5), "ms", "TTFT p50 through the SSE")
-        figures["kafka_ttft_p50_ms"] = Figure(stream.p(0.5), "ms", "TTFT p50 on Kafka")
-        figures["ttft_ratio"] = Figure(ratio, "x", "TTFT p50, gateway SSE / Kafka")
+        figures["gateway_ttft_p50_ms"] = Figure(_ms(sse.p(0.5)), "ms", "TTFT p50 through the SSE")
+        figures["kafka_ttft_p50_ms"] = Figure(_ms(stream.p(0.5)), "ms", "TTFT p50 on Kafka")
+        figures["ttft_ratio"] = Figure(round(ratio, 3), "x", "TTFT p50, gateway SSE / Kafka")
     failed = gw_failed + kafka_failed
     figures["failed"] = Figure(failed, "requests", "answers that were not ok")
     return BenchRun(1 if failed else 0, figures)
