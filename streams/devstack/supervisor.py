@@ -236,6 +236,10 @@ class Stack:
         settings = self.settings
         return {
             **os.environ,
+            # The stack's own prefixes, so a child never takes another stack's
+            # from a current-stack file (the environment wins over the file).
+            "LANEWAY_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+            "LANEWAY_REDIS_KEY_PREFIX": settings.redis.key_prefix,
             **self._child_env,
             **child.env,
             "LANEWAY_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
