@@ -1,13 +1,15 @@
 """laneway's trace spans on OpenTelemetry's SDK, exported over OTLP/HTTP
 when an endpoint is set.
 
-One ``RecordSpans`` per process: ``start`` opens a CONSUMER span for a
+One ``RecordSpans`` per consuming process: ``start`` opens a CONSUMER span for a
 consumed record, a child of the context its headers carry
 (``streams.kafka.tracing``) or the root of a new trace; the process puts
 ``trace_headers(span)`` on everything it produces for the record, then
 ``finish`` closes the span with what became of the record
 (``streams.kafka.spans``). So the span id a record carries is the id of a
-span its producer exports.
+span its producer exports. The gateway, an HTTP server, has ``ServerSpans``
+instead: a SERVER span per HTTP request, a child of the context of its
+``traceparent`` header, whose context the request records carry on.
 
 With ``LANEWAY_TRACING_OTLP_ENDPOINT`` (or the standard ``OTEL_EXPORTER_OTLP_*``
 variables, ``TracingSettings``) the process's ``TracerProvider`` has a
@@ -35,7 +37,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from opentelemetry.context import Context
@@ -57,17 +59,27 @@ from opentelemetry.trace import (
 from prometheus_client import Counter
 
 from schemas.settings import TracingSettings
-from streams.kafka.spans import Outcome, outcome_attributes, record_attributes, span_name
-from streams.kafka.tracing import Headers, extract
+from streams.kafka.spans import (
+    Attribute,
+    Outcome,
+    outcome_attributes,
+    record_attributes,
+    span_name,
+)
+from streams.kafka.tracing import Headers, extract, extract_http
 
 __all__ = [
     "MAX_BATCH",
     "SPANS",
     "CountedExporter",
     "Ended",
+    "ProcessSpans",
     "RecordSpans",
+    "ServerSpans",
     "TracedRecord",
+    "provider_for",
     "resource",
+    "server_spans_for",
     "spans_for",
 ]
 
@@ -88,6 +100,9 @@ _SDK_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",  # each failed export
 )
 
+
+Attributes = Mapping[str, Attribute]
+"""A span's attributes by name."""
 
 Ended = tuple[Span, Outcome]
 """A record's span and what became of the record: ``RecordSpans.finish`` ends it."""
@@ -162,43 +177,27 @@ class CountedExporter(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
-class RecordSpans:
-    """One process's spans: one per consumed record it settles (see the
-    module docstring)."""
+class ProcessSpans:
+    """What every process's spans share: its provider (one per process),
+    its exporter, and a bounded last flush at shutdown."""
 
     def __init__(
         self,
         provider: TracerProvider,
-        group: str,
         *,
         exporter: CountedExporter | None = None,
         close_timeout_s: float = 3.0,
     ) -> None:
         self.provider = provider
-        self.group = group
-        """The consumer group the records are read by (an attribute of each span)."""
         self.exporter = exporter
         """``None``: no endpoint, nothing is exported."""
         self._close_timeout_s = close_timeout_s
         self._tracer = provider.get_tracer("laneway", _version())
+        self._closed = False
 
     @property
     def exporting(self) -> bool:
         return self.exporter is not None
-
-    def start(self, record: TracedRecord, start_ns: int | None = None) -> Span:
-        """The span of processing ``record`` from ``start_ns`` (default now):
-        a child of its headers' trace context, or a new sampled trace."""
-        parent = extract(record.headers)
-        if not self.exporting:
-            return self._carried(parent)
-        return self._tracer.start_span(
-            span_name(record.topic),
-            parent,
-            kind=SpanKind.CONSUMER,
-            attributes=record_attributes(record.topic, record.partition, record.offset, self.group),
-            start_time=start_ns,
-        )
 
     def _carried(self, parent: Context) -> Span:
         """Without an endpoint nothing is recorded, so no SDK span is made:
@@ -213,26 +212,13 @@ class RecordSpans:
             trace_id, flags, state = ids.generate_trace_id(), TraceFlags(TraceFlags.SAMPLED), None
         return NonRecordingSpan(SpanContext(trace_id, ids.generate_span_id(), False, flags, state))
 
-    def finish(self, ended: Iterable[Ended], end_ns: int | None = None) -> None:
-        """End each span with what became of its record, at ``end_ns``
-        (default now; never before it started). Only a recorded span, with
-        an endpoint, is queued for export; this never waits on the collector."""
-        if not self.exporting:
-            return
-        end = time.time_ns() if end_ns is None else end_ns
-        for span, outcome in ended:
-            if not span.is_recording():  # an unsampled trace
-                continue
-            span.set_attributes(outcome_attributes(outcome))
-            if outcome.status == "error":
-                span.set_status(Status(StatusCode.ERROR, outcome.error_code or "error"))
-            started = span.start_time if isinstance(span, ReadableSpan) else None
-            span.end(end_time=max(end, started or end))
-
     def close(self, timeout_s: float | None = None) -> None:
         """Stop, with one last flush of what is queued, for at most
         ``timeout_s`` (default the export timeout): what is left then is
-        dropped, and the exporter stops retrying."""
+        dropped, and the exporter stops retrying. Once; again is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
         timeout = self._close_timeout_s if timeout_s is None else timeout_s
         stopping = threading.Thread(
             target=self.provider.shutdown, name="laneway-otlp-shutdown", daemon=True
@@ -251,17 +237,93 @@ class RecordSpans:
         await asyncio.to_thread(self.close, timeout_s)
 
 
-def spans_for(settings: TracingSettings, component: str, group: str) -> RecordSpans:
-    """The spans of a process (``service.name`` ``<service_name>-<component>``)
-    reading as consumer ``group``; exported when an endpoint is configured."""
+class RecordSpans(ProcessSpans):
+    """One consuming process's spans: one per consumed record it settles
+    (see the module docstring)."""
+
+    def __init__(
+        self,
+        provider: TracerProvider,
+        group: str,
+        *,
+        exporter: CountedExporter | None = None,
+        close_timeout_s: float = 3.0,
+    ) -> None:
+        super().__init__(provider, exporter=exporter, close_timeout_s=close_timeout_s)
+        self.group = group
+        """The consumer group the records are read by (an attribute of each span)."""
+
+    def start(self, record: TracedRecord, start_ns: int | None = None) -> Span:
+        """The span of processing ``record`` from ``start_ns`` (default now):
+        a child of its headers' trace context, or a new sampled trace."""
+        parent = extract(record.headers)
+        if not self.exporting:
+            return self._carried(parent)
+        return self._tracer.start_span(
+            span_name(record.topic),
+            parent,
+            kind=SpanKind.CONSUMER,
+            attributes=record_attributes(record.topic, record.partition, record.offset, self.group),
+            start_time=start_ns,
+        )
+
+    def finish(self, ended: Iterable[Ended], end_ns: int | None = None) -> None:
+        """End each span with what became of its record, at ``end_ns``
+        (default now; never before it started). Only a recorded span, with
+        an endpoint, is queued for export; this never waits on the collector."""
+        if not self.exporting:
+            return
+        end = time.time_ns() if end_ns is None else end_ns
+        for span, outcome in ended:
+            if not span.is_recording():  # an unsampled trace
+                continue
+            span.set_attributes(outcome_attributes(outcome))
+            if outcome.status == "error":
+                span.set_status(Status(StatusCode.ERROR, outcome.error_code or "error"))
+            started = span.start_time if isinstance(span, ReadableSpan) else None
+            span.end(end_time=max(end, started or end))
+
+
+class ServerSpans(ProcessSpans):
+    """An HTTP server's spans (the gateway's): one SERVER span per request
+    it serves, a child of the context of the request's ``traceparent`` and
+    ``tracestate`` headers, or the root of a new sampled trace. What the
+    span says is the caller's (``streams.gateway.tracing``)."""
+
+    def start(self, name: str, headers: Mapping[str, str], attributes: Attributes) -> Span:
+        """The span of serving a request with ``headers``, from now. Without
+        an endpoint, or in an unsampled trace, it records nothing (its
+        context is carried all the same)."""
+        parent = extract_http(headers)
+        if not self.exporting:
+            return self._carried(parent)
+        return self._tracer.start_span(name, parent, kind=SpanKind.SERVER, attributes=attributes)
+
+    @staticmethod
+    def end(span: Span, attributes: Attributes, error: str | None = None) -> None:
+        """End ``span`` now with ``attributes``; ``error``: it failed, status
+        ERROR with this as its message. Never waits on the collector."""
+        if span.is_recording():
+            span.set_attributes(attributes)
+            if error is not None:
+                span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
+
+
+def provider_for(
+    settings: TracingSettings, component: str, instance_id: str | None = None
+) -> tuple[TracerProvider, CountedExporter | None]:
+    """A process's provider (``service.name`` ``<service_name>-<component>``;
+    one per process) sampling as the parent does, and with an endpoint
+    configured its exporter, behind a bounded ``BatchSpanProcessor``."""
     provider = TracerProvider(
         sampler=ParentBased(ALWAYS_ON),
-        resource=resource(f"{settings.service_name}-{component}"),
+        resource=resource(f"{settings.service_name}-{component}", instance_id),
         shutdown_on_exit=False,  # closed by its process, within its timeout
     )
     url = settings.traces_url
     if url is None:
-        return RecordSpans(provider, group, close_timeout_s=settings.export_timeout_s)
+        return provider, None
     _quiet_sdk_logs()
     exporter = CountedExporter(
         OTLPSpanExporter(endpoint=url, timeout=settings.export_timeout_s), url
@@ -275,9 +337,25 @@ def spans_for(settings: TracingSettings, component: str, group: str) -> RecordSp
             export_timeout_millis=settings.export_timeout_s * 1000,
         )
     )
+    return provider, exporter
+
+
+def spans_for(settings: TracingSettings, component: str, group: str) -> RecordSpans:
+    """The spans of a process (``service.name`` ``<service_name>-<component>``)
+    reading as consumer ``group``; exported when an endpoint is configured."""
+    provider, exporter = provider_for(settings, component)
     return RecordSpans(
         provider, group, exporter=exporter, close_timeout_s=settings.export_timeout_s
     )
+
+
+def server_spans_for(
+    settings: TracingSettings, component: str, instance_id: str | None = None
+) -> ServerSpans:
+    """The spans of an HTTP server process (``<service_name>-<component>``);
+    exported when an endpoint is configured."""
+    provider, exporter = provider_for(settings, component, instance_id)
+    return ServerSpans(provider, exporter=exporter, close_timeout_s=settings.export_timeout_s)
 
 
 class _OncePerInterval(logging.Filter):

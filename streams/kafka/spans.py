@@ -22,6 +22,7 @@ __all__ = [
     "Outcome",
     "classified_outcome",
     "gen_ai_attributes",
+    "gen_ai_request_attributes",
     "lane_outcomes",
     "outcome_attributes",
     "record_attributes",
@@ -81,14 +82,24 @@ def gen_ai_attributes(
         out.append(("gen_ai.usage.input_tokens", result.usage.prompt_tokens))
         out.append(("gen_ai.usage.output_tokens", result.usage.completion_tokens))
     if request is not None:
-        out.append(("gen_ai.request.max_tokens", request.max_tokens))
-        out.append(("gen_ai.request.temperature", request.temperature))
-        if request.seed is not None:
-            out.append(("gen_ai.request.seed", request.seed))
-        if request.stop:
-            out.append(("gen_ai.request.stop_sequences", tuple(request.stop)))
+        out.extend(gen_ai_request_attributes(request))
     if result.error is not None:
         out.append(("error.type", str(result.error.code)))
+    return tuple(out)
+
+
+def gen_ai_request_attributes(request: InferenceRequest) -> tuple[tuple[str, Attribute], ...]:
+    """What was asked of the model, as the GenAI conventions name it."""
+    out: list[tuple[str, Attribute]] = [
+        ("gen_ai.request.max_tokens", request.max_tokens),
+        ("gen_ai.request.temperature", request.temperature),
+    ]
+    if request.top_p is not None:
+        out.append(("gen_ai.request.top_p", request.top_p))
+    if request.seed is not None:
+        out.append(("gen_ai.request.seed", request.seed))
+    if request.stop:
+        out.append(("gen_ai.request.stop_sequences", tuple(request.stop)))
     return tuple(out)
 
 

@@ -12,6 +12,9 @@ Reading and writing the headers is OpenTelemetry's
 header list (names are case-sensitive there, the W3C ones are not: any
 spelling is read, lowercase is written, as OpenTelemetry's Kafka
 instrumentation does) and puts what it writes on laneway's records.
+
+The gateway reads the same headers off an HTTP request (``extract_http``)
+and puts its own span's context on the request record it produces.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "TraceHeaders",
     "Traces",
     "extract",
+    "extract_http",
     "read",
     "trace_headers",
     "traced",
@@ -80,6 +84,13 @@ def extract(headers: Headers) -> Context:
     """The context a record's headers carry, to start its span in: empty
     when there is no valid ``traceparent`` (the span then starts a trace)."""
     return PROPAGATOR.extract(list(headers or ()), getter=_GETTER)
+
+
+def extract_http(headers: Mapping[str, str]) -> Context:
+    """The context an HTTP request's ``traceparent`` and ``tracestate``
+    carry (``headers`` as aiohttp gives them: names in any case): empty
+    when there is no valid ``traceparent``."""
+    return PROPAGATOR.extract(headers)
 
 
 def read(headers: Headers) -> SpanContext | None:
