@@ -52,6 +52,9 @@ __all__ = ["LanewayClient", "default_client_id"]
 
 log = logging.getLogger(__name__)
 
+RecordHeaders = Sequence[tuple[str, bytes]]
+"""Headers to put on a request record, as Kafka takes them."""
+
 
 def default_client_id() -> str:
     """``client-<host>-<program>``, in the characters a topic name allows."""
@@ -147,6 +150,7 @@ class LanewayClient:
         *,
         timestamp_ms: int | None = None,
         on_chunk: Callable[[ResultChunk], None] | None = None,
+        headers: RecordHeaders | None = None,
     ) -> asyncio.Future[InferenceResult]:
         """Produce a request; the future resolves with its result.
 
@@ -154,7 +158,9 @@ class LanewayClient:
         (a client that queued it locally): its deadline counts from then.
         ``on_chunk`` is handed each ``result_chunk`` of a streamed request as
         it arrives, duplicates and all (``streams.chunks`` puts them together;
-        ``stream`` does it for you)."""
+        ``stream`` does it for you). ``headers`` go on the record as they are:
+        a W3C ``traceparent`` (and ``tracestate``) makes laneway's spans of
+        the request children of the caller's (CONTRACT.md, Headers)."""
         if isinstance(request, dict):
             request = InferenceRequest.model_validate({"reply_to": self.reply_to, **request})
         return await self.submit_raw(
@@ -163,6 +169,7 @@ class LanewayClient:
             key=request.partition_key(),
             timestamp_ms=timestamp_ms,
             on_chunk=on_chunk,
+            headers=headers,
         )
 
     async def submit_raw(
@@ -173,6 +180,7 @@ class LanewayClient:
         key: bytes | None = None,
         timestamp_ms: int | None = None,
         on_chunk: Callable[[ResultChunk], None] | None = None,
+        headers: RecordHeaders | None = None,
     ) -> asyncio.Future[InferenceResult]:
         """Produce a record as it is (replays, malformed-input tests); the
         future resolves if a reply with ``request_id`` comes back."""
@@ -189,7 +197,11 @@ class LanewayClient:
             self._listeners[request_id] = on_chunk
         try:
             await self._producer.send_and_wait(
-                self._requests_topic, value, key=key, timestamp_ms=timestamp_ms
+                self._requests_topic,
+                value,
+                key=key,
+                timestamp_ms=timestamp_ms,
+                headers=list(headers) if headers else None,
             )
         except BaseException:
             self._pending.pop(request_id, None)
@@ -219,6 +231,7 @@ class LanewayClient:
         *,
         messages: Sequence[ChatMessage | Mapping[str, str]] | None = None,
         timeout_s: float = 60.0,
+        headers: RecordHeaders | None = None,
         **fields: Any,
     ) -> AsyncGenerator[StreamDelta, None]:
         """Submit one prompt (or chat ``messages``) with ``stream: true`` and
@@ -233,13 +246,14 @@ class LanewayClient:
         ``delta.result.error`` says why), ``usage`` and the ``result``; the
         deltas since the last ``restart`` join into its output. Leaving the
         loop early cancels the request (``cancel``): its decode stops.
-        ``timeout_s`` bounds the whole answer (``TimeoutError``)."""
+        ``timeout_s`` bounds the whole answer (``TimeoutError``); ``headers``
+        go on the request record (``submit``)."""
         request = self._request(prompt, messages, {**fields, "stream": True})
         request_id = request["id"]
         queue: asyncio.Queue[ResultChunk | InferenceResult] = asyncio.Queue()
         assembler = StreamAssembler()
         try:
-            future = await self.submit(request, on_chunk=queue.put_nowait)
+            future = await self.submit(request, on_chunk=queue.put_nowait, headers=headers)
             future.add_done_callback(
                 lambda done: None if done.cancelled() else queue.put_nowait(done.result())
             )
