@@ -14,6 +14,10 @@ its tenant and limits (counted in Redis, shared by every replica:
 ``tenant``. One ``LanewayClient`` carries every request, on the gateway's
 own reply topic. A client that goes away cancels its request (the decode
 stops).
+
+Each chat completion is a SERVER span (``streams.gateway.tracing``), a
+child of the request's ``traceparent``; the request record carries the
+span's context, so laneway's spans of the request are its children.
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Span
 
 from schemas.messages import InferenceRequest, InferenceResult
 from schemas.settings import GatewaySettings
 from streams.chunks import StreamDelta
 from streams.client import LanewayClient
-from streams.gateway import metrics
+from streams.gateway import metrics, tracing
 from streams.gateway.batches import BatchApi
 from streams.gateway.bodies import json_object
 from streams.gateway.errors import GatewayError, from_error_info
@@ -40,6 +46,7 @@ from streams.gateway.feedback import parse_feedback
 from streams.gateway.keys import ApiKey, KeyRing
 from streams.gateway.shared_limits import SharedLimiter
 from streams.gateway.sse import ChunkEvents
+from streams.gateway.tracing import ANSWER_ERROR, CHAT_ROUTE, SPAN
 from streams.gateway.translate import (
     AUTO_MODEL,
     Knobs,
@@ -49,6 +56,8 @@ from streams.gateway.translate import (
     parse_request,
     to_request,
 )
+from streams.kafka.otlp import ServerSpans
+from streams.kafka.tracing import TraceHeaders, trace_headers
 from streams.rollout.board import RolloutBoard
 from streams.routing.registry import ModelRegistry
 
@@ -74,9 +83,11 @@ class Gateway:
         board_refresh_s: float = 2.0,
         batches: BatchApi | None = None,
         default_tenant: str | None = None,
+        spans: ServerSpans | None = None,
     ) -> None:
         """``board``: the live roll-out state shown by ``/v1/models`` (read
-        at most every ``board_refresh_s``; ``None``: the registry file's)."""
+        at most every ``board_refresh_s``; ``None``: the registry file's).
+        ``spans``: the process's (``None``: carried, never exported)."""
         self.settings = settings
         self.client = client
         self.keys = keys
@@ -86,13 +97,14 @@ class Gateway:
         self.board = board
         self.board_refresh_s = board_refresh_s
         self.batches = batches
+        self.spans = spans if spans is not None else ServerSpans(TracerProvider())
         self._board_read = float("-inf")
 
     def app(self) -> web.Application:
         app = web.Application(
-            middlewares=[self._errors], client_max_size=self.settings.max_body_bytes
+            middlewares=[self._traced, self._errors], client_max_size=self.settings.max_body_bytes
         )
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post(CHAT_ROUTE, self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/feedback", self.feedback)
@@ -101,6 +113,25 @@ class Gateway:
         return app
 
     # -- middleware ----------------------------------------------------------
+
+    @web.middleware
+    async def _traced(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A chat completion's span, from the request coming in to its
+        answer's end (a stream's last event), around ``_errors``: it sees
+        the status the client gets."""
+        resource = request.match_info.route.resource
+        if resource is None or resource.canonical != CHAT_ROUTE:
+            return await handler(request)
+        attributes = tracing.http_attributes(request) if self.spans.exporting else {}
+        span = self.spans.start(tracing.span_name(None), request.headers, attributes)
+        request[SPAN] = span
+        try:
+            response = await handler(request)
+        except BaseException as exc:  # the client went away: cancelled
+            self.spans.end(span, *tracing.failed_attributes(exc))
+            raise
+        self.spans.end(span, *tracing.ended_attributes(response.status, response.get(ANSWER_ERROR)))
+        return response
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -252,8 +283,11 @@ class Gateway:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         received = time.perf_counter()
+        span = request[SPAN]
         key = self._key(request)
         body = await json_object(request)
+        model = str(body.get("model") or AUTO_MODEL)
+        tracing.named(span, model)
         knobs = knobs_from_headers(request.headers)
         request_id = f"gw-{uuid.uuid4().hex}"
         tenant = key.tenant if key is not None else self.default_tenant
@@ -261,17 +295,24 @@ class Gateway:
             body, request_id=request_id, tenant=tenant, reply_to=self.client.reply_to, knobs=knobs
         )
         parsed = parse_request(fields)
+        tracing.asked(span, parsed, tenant)
         await self._admit(key)
-        asked = body.get("model") or AUTO_MODEL
+        trace = trace_headers(span)  # laneway's spans of the request are the span's children
         if parsed.stream:
-            return await self._stream(request, parsed, key, knobs, str(asked), received)
-        return await self._complete(parsed, key, knobs, str(asked))
+            return await self._stream(request, parsed, key, knobs, model, received, trace)
+        return await self._complete(parsed, key, knobs, model, span, trace)
 
     async def _complete(
-        self, parsed: InferenceRequest, key: ApiKey | None, knobs: Knobs, asked: str
+        self,
+        parsed: InferenceRequest,
+        key: ApiKey | None,
+        knobs: Knobs,
+        asked: str,
+        span: Span,
+        trace: TraceHeaders,
     ) -> web.Response:
         wait_s = self._wait_s(knobs)
-        future = await self.client.submit(parsed)
+        future = await self.client.submit(parsed, headers=trace)
         try:
             result = await asyncio.wait_for(future, wait_s)
         except TimeoutError:
@@ -285,6 +326,7 @@ class Gateway:
         except asyncio.CancelledError:  # the client went away
             await asyncio.shield(self._give_up(parsed.id))
             raise
+        tracing.answered(span, result)
         await self._spend(key, result)
         headers = laneway_headers(
             request_id=parsed.id,
@@ -317,11 +359,13 @@ class Gateway:
         knobs: Knobs,
         asked: str,
         received: float,
+        trace: TraceHeaders,
     ) -> web.StreamResponse:
         wait_s = self._wait_s(knobs)
+        span = request[SPAN]
         fields = parsed.model_dump(exclude_unset=True, exclude={"messages", "stream"})
         messages = [m.model_dump() for m in parsed.messages or ()]
-        deltas = self.client.stream(messages=messages, timeout_s=wait_s, **fields)
+        deltas = self.client.stream(messages=messages, timeout_s=wait_s, headers=trace, **fields)
         include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
         async with contextlib.aclosing(deltas):  # leaving early cancels the request
             try:
@@ -333,7 +377,9 @@ class Gateway:
                     f"(waited on {self.client.reply_to})",
                     "timeout",
                 ) from None
+            tracing.streaming(span, first)
             if first.result is not None:
+                tracing.answered(span, first.result)
                 await self._spend(key, first.result)
                 if first.result.error is not None:  # nothing sent yet: a plain error
                     return _error_response(
@@ -362,6 +408,7 @@ class Gateway:
                 while True:
                     await _write(response, events.delta(delta))
                     if delta.result is not None and delta is not first:
+                        tracing.answered(span, delta.result)
                         await self._spend(key, delta.result)
                     if events.ended:
                         break
@@ -373,8 +420,11 @@ class Gateway:
                         break
             except ConnectionResetError:
                 log.info("the client of %s went away; cancelling it", parsed.id)
+                gone = GatewayError(499, "the client went away", tracing.CLIENT_CLOSED)
+                response[ANSWER_ERROR] = gone
             if events.error is not None:
                 log.info("stream %s ended with an error: %s", parsed.id, events.error)
+                response[ANSWER_ERROR] = events.error
             return response
 
 
@@ -398,6 +448,8 @@ def _delta_headers(request_id: str, delta: StreamDelta) -> dict[str, str]:
 
 
 def _error_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.json_response(
+    response = web.json_response(
         error.body(), status=error.status, headers={**(headers or {}), **error.headers()}
     )
+    response[ANSWER_ERROR] = error  # for the span (``_traced``)
+    return response

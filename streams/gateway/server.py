@@ -2,7 +2,8 @@
 reply topic of its own, Redis for what replicas share (per-key limits,
 files, batches, the roll-out state), the batch submitter, the aiohttp app
 on ``LANEWAY_GATEWAY_PORT``, and the ops endpoints (``/metrics``, ``/healthz``, ``/readyz``) on
-``LANEWAY_HTTP_PORT`` as in every laneway process.
+``LANEWAY_HTTP_PORT`` as in every laneway process; its trace spans
+(``laneway-gateway``) exported as every process's are (``LANEWAY_TRACING_*``).
 
     async with GatewayServer(settings) as server:   # tests, embedding
         print(server.base_url)                      # http://127.0.0.1:8080/v1
@@ -26,6 +27,7 @@ from streams.gateway.app import Gateway
 from streams.gateway.batches import BatchApi
 from streams.gateway.keys import KeyRing
 from streams.gateway.shared_limits import SharedLimiter
+from streams.kafka.otlp import server_spans_for
 from streams.ops import ProcessState, heartbeat
 from streams.rollout.board import RolloutBoard
 from streams.routing.registry import load_registry
@@ -57,6 +59,7 @@ class GatewayServer:
         self.registry = load_registry(settings.routing.models_file, settings.backend)
         self.client_id = gateway.client_id or gateway_client_id()
         self.client = LanewayClient(settings.kafka, client_id=self.client_id)
+        self.spans = server_spans_for(settings.tracing, "gateway", self.client_id)
         # Limits and the roll-out board: short timeouts, they fail open.
         self.redis = settings.redis.client()
         # Files and batches: their record; a file's bytes may take a while.
@@ -104,6 +107,7 @@ class GatewayServer:
             board_refresh_s=self.settings.rollout.refresh_s,
             batches=self.batches,
             default_tenant=gateway.default_tenant,
+            spans=self.spans,
         ).app()
         self._runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=DRAIN_S
@@ -131,6 +135,7 @@ class GatewayServer:
         await self.client.close()
         await self.redis.aclose()
         await self.store_redis.aclose()
+        await self.spans.aclose()  # what is queued, within the export timeout
 
     async def __aenter__(self) -> GatewayServer:
         return await self.start()
