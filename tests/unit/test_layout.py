@@ -70,12 +70,15 @@ ALLOWED: dict[str, frozenset[str]] = {
             "streams.stores",
         ),
         # The HTTP door: the SDK's client, batch jobs (the Batch API), the
-        # roll-out board (/v1/models) and the stores' fail-open (shared limits).
+        # roll-out board (/v1/models), the stores' fail-open (shared limits)
+        # and the trace spans every process exports (streams.kafka: otlp,
+        # tracing, spans; it imports only schemas).
         "streams.gateway": (
             "schemas",
             "streams.chunks",
             "streams.client",
             "streams.jobs",
+            "streams.kafka",
             "streams.ops",
             "streams.rollout",
             "streams.routing",
