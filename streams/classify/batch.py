@@ -301,11 +301,12 @@ class BatchLookups:
         if isinstance(limits, list):
             found.verdicts = limits
         else:
-            found.verdicts = self.limiter.judge(replies[limits], tenants)
+            found.verdicts = self.limiter.judge([replies[i] for i in limits], tenants)
         if sessions_at is not None:
-            reply = replies[sessions_at]
-            if isinstance(reply, BaseException):
-                self.sessions.failed(reply)
+            reply = [replies[i] for i in sessions_at]
+            failure = next((r for r in reply if isinstance(r, BaseException)), None)
+            if failure is not None:
+                self.sessions.failed(failure)
             else:
                 for session, raw in zip(sessions, reply, strict=True):
                     found.histories[session] = self.sessions.history_from(session, raw)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -51,7 +51,8 @@ return {allowed, retry_after}
 """
 
 
-# The same bucket for a whole batch. KEYS: one bucket per tenant. ARGV: per
+# The same bucket for a whole batch. KEYS: one bucket per tenant (the batch
+# classifier passes one, so every call stays in one cluster slot). ARGV: per
 # key, tokens per second, burst and the number of requests of that tenant in
 # the batch. Returns per key {admitted, retry_after_ms}: the first
 # ``admitted`` requests (in batch order) take a token each, as that many
@@ -121,11 +122,14 @@ class RateLimiter:
 
     # -- batched: one script call for every tenant of a batch ----------------
 
-    def queue(self, round_: Round, tenants: Sequence[str | None]) -> int | list[Verdict]:
+    def queue(
+        self, round_: Round, tenants: Sequence[str | None]
+    ) -> tuple[int, ...] | list[Verdict]:
         """Queue the checks of a batch's requests (one tenant each, in batch
-        order) into ``round_`` as one script call; the index of its reply, or
-        the verdicts at once when Redis is not to be asked (limits off, or
-        resting after a failure)."""
+        order) into ``round_``, one script call per tenant (each bucket is a
+        key of its own, so on a cluster the buckets spread over the nodes);
+        the indexes of their replies, or the verdicts at once when Redis is
+        not to be asked (limits off, or resting after a failure)."""
         if not self._settings.enabled:
             return [Verdict(allowed=True)] * len(tenants)
         if self._failopen.resting():
@@ -133,20 +137,23 @@ class RateLimiter:
         asked: dict[str | None, int] = {}
         for tenant in tenants:
             asked[tenant] = asked.get(tenant, 0) + 1
-        keys, args = [], []
+        indexes = []
         for tenant, count in asked.items():
             limit = self._settings.limit_for(tenant)
-            keys.append(f"{self._prefix}:ratelimit:{tenant or '-'}")
-            args += [limit.rps, limit.burst, count]
-        return round_.script(self._batch_script, keys, args)
+            key = f"{self._prefix}:ratelimit:{tenant or '-'}"
+            args = [limit.rps, limit.burst, count]
+            indexes.append(round_.script(self._batch_script, [key], args))
+        return tuple(indexes)
 
-    def judge(self, reply: object, tenants: Sequence[str | None]) -> list[Verdict]:
-        """Each request's verdict from the reply of ``queue``'s script call."""
-        if isinstance(reply, RedisError | OSError):
-            return [self.failed(reply)] * len(tenants)
+    def judge(self, replies: Sequence[object], tenants: Sequence[str | None]) -> list[Verdict]:
+        """Each request's verdict from the replies of ``queue``'s script
+        calls (one per tenant, in the order the tenants first appear)."""
+        for reply in replies:
+            if isinstance(reply, RedisError | OSError):
+                return [self.failed(reply)] * len(tenants)
         order = list(dict.fromkeys(tenants))
         try:
-            flat: Any = reply
+            flat: Any = [value for reply in replies for value in cast(Any, reply)]
             granted = {
                 tenant: (int(flat[2 * i]), int(flat[2 * i + 1])) for i, tenant in enumerate(order)
             }

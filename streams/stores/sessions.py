@@ -216,13 +216,15 @@ class SessionStore:
 
     # -- batched: the reads go into the batch's round trip --------------------
 
-    def queue_histories(self, round_: Round, session_ids: Sequence[str]) -> int | None:
-        """Queue the read of these sessions' histories into ``round_`` as one
-        ``MGET``; ``None`` when there is nothing to read (none, disabled,
-        Redis resting)."""
+    def queue_histories(self, round_: Round, session_ids: Sequence[str]) -> list[int] | None:
+        """Queue the read of these sessions' histories into ``round_``, one
+        ``GET`` each (sessions spread over a cluster's slots, where one
+        ``MGET`` across slots is refused); the indexes of their replies, or
+        ``None`` when there is nothing to read (none, disabled, Redis
+        resting)."""
         if not session_ids or not self._available():
             return None
-        return round_.add("mget", [self.key(s) for s in session_ids])
+        return [round_.add("get", self.key(s)) for s in session_ids]
 
     def history_from(self, session_id: str, raw: object) -> list[ChatMessage]:
         """The history from what ``GET`` answered (or the error it raised)."""
