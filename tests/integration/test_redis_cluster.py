@@ -233,7 +233,7 @@ async def test_the_gateway_stores_transactions_and_scripts_run_on_a_cluster(
 
 
 async def test_a_primary_killed_mid_traffic_fails_over_and_loses_nothing(
-    redis_cluster: EmbeddedCluster, client: LanewayClient, settings: Settings
+    redis_cluster: EmbeddedCluster, stack: Stack, client: LanewayClient, settings: Settings
 ) -> None:
     """Rule answers flow while the primary of the default tenant's rate-limit
     bucket is SIGKILLed: the classifier's round fails, its stores fail open
@@ -271,3 +271,8 @@ async def test_a_primary_killed_mid_traffic_fails_over_and_loses_nothing(
         assert await check.exists(bucket), "nothing wrote the bucket after the failover"
     finally:
         await check.aclose()
+    # The classifier's rate limiter failed open meanwhile, and came back.
+    log = (Path(stack.broker.log_path or "").with_name("stack.log")).read_text()
+    failed = "rate limiter (fail_open=True): Redis failed during check"
+    assert failed in log, "the classifier never saw the primary die"
+    assert "rate limiter (fail_open=True): Redis answers again" in log.split(failed, 1)[1]
