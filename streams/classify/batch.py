@@ -301,15 +301,9 @@ class BatchLookups:
         if isinstance(limits, list):
             found.verdicts = limits
         else:
-            found.verdicts = self.limiter.judge([replies[i] for i in limits], tenants)
+            found.verdicts = self.limiter.judge(limits, replies, tenants)
         if sessions_at is not None:
-            reply = [replies[i] for i in sessions_at]
-            failure = next((r for r in reply if isinstance(r, BaseException)), None)
-            if failure is not None:
-                self.sessions.failed(failure)
-            else:
-                for session, raw in zip(sessions, reply, strict=True):
-                    found.histories[session] = self.sessions.history_from(session, raw)
+            found.histories = self.sessions.histories_from(sessions_at, replies)
         if bare_at is not None:
             found.bare_hits = self.cache.exact_from(replies[bare_at], bare)
         if version_at is not None:

@@ -39,7 +39,7 @@ from streams.gateway.shared_limits import SharedLimiter
 from streams.jobs.jsonl import parse_jsonl
 from streams.jobs.store import JobStore
 from streams.rules.rulefile import EXAMPLE_RULES_FILE
-from streams.stores.ratelimit import RateLimiter
+from streams.stores.ratelimit import QueuedChecks, RateLimiter
 from streams.stores.rounds import Round
 from streams.stores.sessions import SessionStore
 from tests.integration import test_batch_store, test_cache, test_end_to_end
@@ -176,16 +176,17 @@ async def test_a_round_over_many_slots_runs_its_scripts_and_reloads_them(
         at = limiter.queue(round_, tenants)
         read = sessions.queue_histories(round_, [f"s{i}" for i in range(6)])
         replies = await round_.run()
-        assert isinstance(at, tuple) and read is not None
-        verdicts = limiter.judge([replies[i] for i in at], tenants)
+        assert isinstance(at, QueuedChecks) and read is not None
+        assert 1 < len(at.indexes) < 12, "one script call per slot of the buckets"
+        verdicts = limiter.judge(at, replies, tenants)
         if not flushed:  # burst 2: each tenant's first two pass
             assert [v.allowed for v in verdicts] == [True] * 24 + [False] * 6
             assert not any(v.degraded for v in verdicts)
         else:
             assert not any(v.allowed or v.degraded for v in verdicts), "the buckets are empty"
-        for i, n in enumerate(read):
-            history = sessions.history_from(f"s{i}", replies[n])
-            assert [m.content for m in history] == [f"question {i}", f"answer {i}"]
+        histories = sessions.histories_from(read, replies)
+        for i in range(6):
+            assert [m.content for m in histories[f"s{i}"]] == [f"question {i}", f"answer {i}"]
 
 
 # -- the gateway's stores ------------------------------------------------------
