@@ -53,7 +53,7 @@ POLL_S = 0.05
 SPEED = {Lane.REALTIME: 0, Lane.MEDIUM: 1, Lane.BULK: 2}
 """Lanes from the fastest: a worker waits on marks of its rank or lower."""
 
-# KEYS: marks (one per call: see ``release``). ARGV: token. Deletes only the
+# KEYS: marks (on a cluster, those of one slot). ARGV: token. Deletes only the
 # marks this worker still holds:
 # one that expired and was claimed again by another worker stays.
 _RELEASE = """
@@ -163,11 +163,14 @@ class DecodeClaims:
         """Let go of the marks on ``keys`` that are still this worker's."""
         if not keys:
             return
-        # One script call per mark, pipelined: the marks spread over a
-        # cluster's slots, and a script may only take keys of one slot.
+        # One script call for all marks on one Redis; on a cluster one per
+        # slot of them (a script's keys must share a slot), pipelined.
         round_ = Round(self._redis)
+        groups: dict[int, list[str]] = {}
         for key in keys:
-            round_.script(self._release, [self._mark(key)], [self._token])
+            groups.setdefault(round_.group_of(self._mark(key)), []).append(self._mark(key))
+        for marks in groups.values():
+            round_.script(self._release, marks, [self._token])
         try:
             replies = await round_.run()
         except (RedisError, OSError) as exc:  # the marks expire by themselves

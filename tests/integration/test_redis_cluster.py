@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
-from schemas.messages import RequestLimits
+from schemas.messages import Lane, RequestLimits
 from schemas.settings import RateLimitSettings, RedisSettings, SessionSettings, Settings
 from streams.client import LanewayClient
 from streams.devstack.cluster import EmbeddedCluster
@@ -44,6 +45,7 @@ from streams.stores.rounds import Round
 from streams.stores.sessions import SessionStore
 from tests.integration import test_batch_store, test_cache, test_end_to_end
 from tests.integration.conftest import CHILD_ENV, own_stack
+from workers.claims import DecodeClaims
 
 # -- the cache and job-store suites, on a cluster client ----------------------
 
@@ -177,7 +179,8 @@ async def test_a_round_over_many_slots_runs_its_scripts_and_reloads_them(
         read = sessions.queue_histories(round_, [f"s{i}" for i in range(6)])
         replies = await round_.run()
         assert isinstance(at, QueuedChecks) and read is not None
-        assert 1 < len(at.indexes) < 12, "one script call per slot of the buckets"
+        buckets = {key_slot(f"{prefix}:ratelimit:t{i}".encode()) for i in range(12)}
+        assert len(at.indexes) == len(buckets), "one script call per slot of the buckets"
         verdicts = limiter.judge(at, replies, tenants)
         if not flushed:  # burst 2: each tenant's first two pass
             assert [v.allowed for v in verdicts] == [True] * 24 + [False] * 6
@@ -187,6 +190,28 @@ async def test_a_round_over_many_slots_runs_its_scripts_and_reloads_them(
         histories = sessions.histories_from(read, replies)
         for i in range(6):
             assert [m.content for m in histories[f"s{i}"]] == [f"question {i}", f"answer {i}"]
+
+
+async def test_decode_claims_over_many_slots_are_taken_and_let_go(
+    redis_client: Any, prefix: str
+) -> None:
+    one = DecodeClaims(redis_client, prefix=prefix, ttl_s=30, lane=Lane.MEDIUM)
+    two = DecodeClaims(redis_client, prefix=prefix, ttl_s=30, lane=Lane.MEDIUM)
+    keys: dict[int, str | None] = {i: f"answer-{i}" for i in range(12)}
+    marked: list[str] = []
+    assert await one.mark(keys, marked) == {}
+    assert sorted(marked) == sorted(k for k in keys.values() if k is not None)
+    other: list[str] = []
+    assert await two.mark(keys, other) == keys, "the second worker waits on every one"
+    assert other == []
+    await two.release(list(marked))  # not its marks: they stay
+    assert len(await scan(redis_client, f"{prefix}:cache:busy:*")) == 12
+    await one.let_go(marked)
+    assert await scan(redis_client, f"{prefix}:cache:busy:*") == []
+
+
+async def scan(redis_client: Any, pattern: str) -> list[Any]:
+    return [key async for key in redis_client.scan_iter(match=pattern)]
 
 
 # -- the gateway's stores ------------------------------------------------------
