@@ -22,9 +22,12 @@ never sets a tag of its own):
 - ``P:gateway:limit:{<key id>}:…``  one API key's shared limits.
 - ``P:hot:{<day>}:…``      one day's hot questions (``streams.cache.hot_questions``).
 
-Keys read together but never written together (a batch's sessions, rate-limit
-buckets, a worker's stored results and claims) carry no shared tag: the
-cluster client splits such a pipeline per node, one round trip to each.
+Keys a batch reads or writes together but that no script or transaction
+needs in one slot (its sessions, rate-limit buckets, a worker's stored
+results and claims) carry no shared tag: on a cluster such commands are
+split by slot (``streams.stores.rounds.Round.group_of``, ``get_many``), and
+the cluster client sends a pipeline to each node at once, one round trip
+to each.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
   again here on a cluster client;
 - a stack of its own on the cluster answers the end-to-end suite
   (``test_end_to_end``'s tests, collected again here with this module's
-  ``stack``, ``settings`` and ``client``);
+  ``stack``, ``settings`` and ``client``), and its cache, session and
+  rate-limit tests (``test_hybrid``, ``test_ratelimit``);
 - a primary killed mid-traffic: a replica takes over, the fail-open stores
   serve meanwhile, and every request gets its answer.
 
@@ -43,7 +44,13 @@ from streams.rules.rulefile import EXAMPLE_RULES_FILE
 from streams.stores.ratelimit import QueuedChecks, RateLimiter
 from streams.stores.rounds import Round
 from streams.stores.sessions import SessionStore
-from tests.integration import test_batch_store, test_cache, test_end_to_end
+from tests.integration import (
+    test_batch_store,
+    test_cache,
+    test_end_to_end,
+    test_hybrid,
+    test_ratelimit,
+)
 from tests.integration.conftest import CHILD_ENV, own_stack
 from workers.claims import DecodeClaims
 
@@ -93,6 +100,14 @@ test_worker_killed_mid_batch_loses_no_request = (
 )
 test_an_id_can_be_asked_again_after_its_answer = (
     test_end_to_end.test_an_id_can_be_asked_again_after_its_answer
+)
+# ... and the stack's cache, sessions and rate limits.
+test_a_repeated_question_is_answered_from_the_cache = (
+    test_hybrid.test_a_repeated_question_is_answered_from_the_cache
+)
+test_a_session_remembers_earlier_turns = test_hybrid.test_a_session_remembers_earlier_turns
+test_tenant_over_quota_gets_inf_429_and_others_do_not = (
+    test_ratelimit.test_tenant_over_quota_gets_inf_429_and_others_do_not
 )
 
 
