@@ -11,7 +11,7 @@ import ssl
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.backends import BackendName
@@ -117,30 +117,60 @@ class RedisSettings(BaseSettings):
     model_config = _config("LANEWAY_REDIS_")
 
     def client(self) -> Any:
-        """An asyncio Redis client with this process's timeouts."""
-        import redis.asyncio as aioredis
+        """An asyncio Redis client with this process's timeouts: a
+        ``redis.asyncio.cluster.RedisCluster`` with ``cluster`` set (``url``
+        names any node; the client learns the others), else a plain one."""
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
         from redis.exceptions import ConnectionError as RedisConnectionError
+
+        # One immediate retry on a broken connection: after a Redis
+        # restart the pooled connections are stale, and the first command
+        # on each would fail though Redis is back. Timeouts are not
+        # retried: a slow Redis must not cost twice its timeout. On a
+        # cluster the retry also refreshes the slot map, so a command after
+        # a failover finds the promoted replica.
+        retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+        if self.cluster:
+            from redis.asyncio.cluster import RedisCluster
+
+            return RedisCluster.from_url(
+                self.url,
+                socket_timeout=self.timeout_s,
+                socket_connect_timeout=self.timeout_s,
+                retry=retry,
+            )
+        import redis.asyncio as aioredis
 
         return aioredis.from_url(
             self.url,
             socket_timeout=self.timeout_s,
             socket_connect_timeout=self.timeout_s,
-            # One immediate retry on a broken connection: after a Redis
-            # restart the pooled connections are stale, and the first command
-            # on each would fail though Redis is back. Timeouts are not
-            # retried: a slow Redis must not cost twice its timeout.
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            retry=retry,
         )
 
     url: str = "redis://127.0.0.1:6379/0"
     """Redis or Valkey URL; ``laneway up`` starts an embedded Valkey when unset."""
+    cluster: bool = False
+    """Talk to a Redis (or Valkey) Cluster: ``url`` names any of its nodes.
+    Every key carries a hash tag (``streams.stores.keyspace``), so each
+    script and transaction stays in one slot (``docs/redis-cluster.md``)."""
     key_prefix: str = "laneway"
+    """Starts every key. No braces: hash tags are the key layout's own."""
     timeout_s: float = Field(default=0.5, gt=0)
     """Socket timeout: a slow or absent Redis never holds up a batch for longer."""
     result_ttl_s: int = Field(default=3600, ge=1)
     """How long a worker keeps each produced result for replay after a redelivery."""
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _no_hash_tag(cls, prefix: str) -> str:
+        if "{" in prefix or "}" in prefix:
+            raise ValueError(
+                f"key_prefix {prefix!r} holds a brace: braces mark Redis Cluster hash "
+                "tags, which the key layout sets itself"
+            )
+        return prefix
 
 
 class TenantLimit(BaseModel):

@@ -41,6 +41,7 @@ from redis.exceptions import RedisError
 
 from schemas.messages import Lane, RoutedRequest
 from streams.stores.failopen import FailOpen
+from streams.stores.rounds import Round
 
 __all__ = ["DecodeClaims"]
 
@@ -52,7 +53,8 @@ POLL_S = 0.05
 SPEED = {Lane.REALTIME: 0, Lane.MEDIUM: 1, Lane.BULK: 2}
 """Lanes from the fastest: a worker waits on marks of its rank or lower."""
 
-# KEYS: marks. ARGV: token. Deletes only the marks this worker still holds:
+# KEYS: marks (on a cluster, those of one slot). ARGV: token. Deletes only the
+# marks this worker still holds:
 # one that expired and was claimed again by another worker stays.
 _RELEASE = """
 local n = 0
@@ -161,10 +163,22 @@ class DecodeClaims:
         """Let go of the marks on ``keys`` that are still this worker's."""
         if not keys:
             return
+        # One script call for all marks on one Redis; on a cluster one per
+        # slot of them (a script's keys must share a slot), pipelined.
+        round_ = Round(self._redis)
+        groups: dict[int, list[str]] = {}
+        for key in keys:
+            groups.setdefault(round_.group_of(self._mark(key)), []).append(self._mark(key))
+        for marks in groups.values():
+            round_.script(self._release, marks, [self._token])
         try:
-            await self._release(keys=[self._mark(key) for key in keys], args=[self._token])
+            replies = await round_.run()
         except (RedisError, OSError) as exc:  # the marks expire by themselves
             self._failopen.failed("release", exc)
+            return
+        failure = next((r for r in replies if isinstance(r, RedisError | OSError)), None)
+        if failure is not None:
+            self._failopen.failed("release", failure)
 
     async def _wait(self, keys: dict[int, str], until: dict[int, float]) -> set[int]:
         """Wait while other workers hold ``keys`` (by the caller's index),

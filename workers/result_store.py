@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from schemas.messages import InferenceResult
 from streams.ops import REDIS_ERRORS
+from streams.stores.keyspace import get_many
 
 __all__ = ["RecordKey", "ResultStore", "record_id"]
 
@@ -78,7 +79,7 @@ class ResultStore:
             return {}, set()
         keys = [self._key(r) for r in records] + [self._parked_key(r) for r in records]
         try:
-            values = await self._redis.mget(keys)
+            values = await get_many(self._redis, keys)
         except (RedisError, OSError) as exc:
             REDIS_ERRORS.labels("get").inc()
             log.warning("result store unavailable, running the batch: %s", exc)

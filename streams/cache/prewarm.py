@@ -37,6 +37,7 @@ from schemas.settings import Settings
 from streams.cache.hot_questions import HotQuestion, day_of, rank, read_days
 from streams.cache.keys import normalise_prompt, time_relative
 from streams.client import LanewayClient
+from streams.stores.keyspace import CACHE, tagged
 
 __all__ = ["PrewarmReport", "format_report", "prewarm"]
 
@@ -94,7 +95,7 @@ async def _fresh_keys(redis: Any, settings: Settings, hot: Sequence[HotQuestion]
         return set()
     pipe = redis.pipeline(transaction=False)
     for h in hot:
-        pipe.ttl(f"{settings.redis.key_prefix}:cache:e:{h.key}")
+        pipe.ttl(tagged(settings.redis.key_prefix, CACHE, "e", h.key))
     ttls = await pipe.execute()
     floor = settings.prewarm.refresh_below_s
     return {h.key for h, ttl in zip(hot, ttls, strict=True) if ttl == -1 or ttl > floor}

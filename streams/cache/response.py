@@ -20,15 +20,15 @@ replays, so a failure can never come back as a success.
 
 Redis layout (``P`` = the process's key prefix)::
 
-    P:cache:e:<key>   hash, TTL ttl_s: output, model, path, completion_tokens, finish_reason
+    P:{cache}:e:<key>   hash, TTL ttl_s: output, model, path, completion_tokens, finish_reason
                       (the model's count of output's tokens; entries stored
                       before it was kept lack it, and their hits say None),
                       text, entities, scope, created_ms, vec (base64
                       float32, once embedded)
-    P:cache:index     sorted set of <key> scored by the Redis time (ms) of
+    P:{cache}:index   sorted set of <key> scored by the Redis time (ms) of
                       its last store; trimmed to max_entries, the trimmed
                       entries deleted with it so Redis stays bounded too
-    P:cache:version   counter, incremented by every store: the batch
+    P:{cache}:version counter, incremented by every store: the batch
                       classifier reads it in its round trip and syncs its
                       index before a semantic lookup when it moved, so a
                       paraphrase asked right after a store already hits
@@ -74,6 +74,7 @@ from streams.cache.keys import (
 )
 from streams.cache.semantic_index import SemanticIndex
 from streams.stores.failopen import FailOpen
+from streams.stores.keyspace import CACHE, tagged
 from streams.stores.rounds import Round
 
 __all__ = [
@@ -295,9 +296,11 @@ class ResponseCache:
     ) -> None:
         self._redis = redis
         self._settings = settings
-        self._entry_prefix = f"{key_prefix}:cache:e:"
-        self._index_key = f"{key_prefix}:cache:index"
-        self._version_key = f"{key_prefix}:cache:version"
+        # One slot for the whole cache: the store script trims the index and
+        # deletes the trimmed entries, the fetch script reads a batch's.
+        self._entry_prefix = tagged(key_prefix, CACHE, "e:")
+        self._index_key = tagged(key_prefix, CACHE, "index")
+        self._version_key = tagged(key_prefix, CACHE, "version")
         self._seen_version: Any = None
         """The version counter as it read before the last successful sync."""
         self._embedder = embedder if settings.semantic else None
@@ -726,14 +729,16 @@ class ResponseCache:
             embedded = await asyncio.to_thread(embedder.embed, [ready[i][5] for i in chunk])
             vectors.update(zip(chunk, embedded, strict=True))
         if vectors:
-            pipe = self._redis.pipeline(transaction=False)
+            round_ = Round(self._redis)  # loads the script where Redis lacks it
             for i, embedded_row in vectors.items():
-                await self._vector_script(
-                    keys=[self.entry_key(ready[i][0])],
-                    args=[_encode_vector(embedded_row)],
-                    client=pipe,
+                round_.script(
+                    self._vector_script,
+                    [self.entry_key(ready[i][0])],
+                    [_encode_vector(embedded_row)],
                 )
-            await pipe.execute()
+            for reply in await round_.run():
+                if isinstance(reply, BaseException):
+                    raise reply
         for i, (key, ts_ms, scope_s, ents, vector, text_s) in enumerate(ready):
             row = vector if vector is not None else vectors[i]
             index.add(key, scope_s, ents, row, ts_ms, word_order(text_s))

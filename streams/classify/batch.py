@@ -301,14 +301,9 @@ class BatchLookups:
         if isinstance(limits, list):
             found.verdicts = limits
         else:
-            found.verdicts = self.limiter.judge(replies[limits], tenants)
+            found.verdicts = self.limiter.judge(limits, replies, tenants)
         if sessions_at is not None:
-            reply = replies[sessions_at]
-            if isinstance(reply, BaseException):
-                self.sessions.failed(reply)
-            else:
-                for session, raw in zip(sessions, reply, strict=True):
-                    found.histories[session] = self.sessions.history_from(session, raw)
+            found.histories = self.sessions.histories_from(sessions_at, replies)
         if bare_at is not None:
             found.bare_hits = self.cache.exact_from(replies[bare_at], bare)
         if version_at is not None:

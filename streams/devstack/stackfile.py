@@ -59,6 +59,8 @@ class CurrentStack(BaseModel):
     """Its topics' prefix (``LANEWAY_KAFKA_TOPIC_PREFIX``)."""
     redis_key_prefix: str = "laneway"
     """Its Redis keys' prefix (``LANEWAY_REDIS_KEY_PREFIX``)."""
+    redis_cluster: bool = False
+    """Whether ``redis_url`` names a node of a Redis Cluster (``LANEWAY_REDIS_CLUSTER``)."""
     metrics: dict[str, int]
     """Each child's name and the port of its ``/metrics``, ``/healthz`` and ``/readyz``."""
     gateway_url: str | None = None
@@ -156,7 +158,11 @@ def apply_stack(settings: Settings, stack: CurrentStack | None) -> Settings:
     if stack is None:
         return settings
     kafka = {"bootstrap": stack.kafka_bootstrap, "topic_prefix": stack.topic_prefix}
-    redis = {"url": stack.redis_url, "key_prefix": stack.redis_key_prefix}
+    redis = {
+        "url": stack.redis_url,
+        "key_prefix": stack.redis_key_prefix,
+        "cluster": stack.redis_cluster,
+    }
     kafka = {k: v for k, v in kafka.items() if k not in settings.kafka.model_fields_set}
     redis = {k: v for k, v in redis.items() if k not in settings.redis.model_fields_set}
     return settings.model_copy(

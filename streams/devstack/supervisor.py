@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from pydantic import TypeAdapter
+
 from schemas.messages import Lane
 from schemas.settings import Settings
 from streams.devstack.embedded import EmbeddedBroker, EmbeddedRedis, free_port
@@ -205,6 +207,9 @@ class Stack:
             ),
             redis_key_prefix=self._child_env.get(
                 "LANEWAY_REDIS_KEY_PREFIX", settings.redis.key_prefix
+            ),
+            redis_cluster=TypeAdapter(bool).validate_python(
+                self._child_env.get("LANEWAY_REDIS_CLUSTER", settings.redis.cluster)
             ),
             metrics={child.name: child.http_port for child in self.children},
             gateway_url=self.gateway_url,

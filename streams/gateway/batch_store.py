@@ -1,10 +1,13 @@
 """The gateway's batch records in Redis, beside laneway's jobs
 (``streams.jobs.store``). ``<r>`` is ``LANEWAY_REDIS_KEY_PREFIX``:
 
-- ``<r>:gateway:batch:<id>``          hash: the ``BatchRecord``
-- ``<r>:gateway:batch:<id>:lease``    string: the replica submitting it, expiring
-- ``<r>:gateway:batches:<tenant>``    sorted set: the tenant's batch ids by creation
-- ``<r>:gateway:batches:submitting``  set: batches whose submission has not ended
+- ``<r>:gateway:{batches}:<id>``            hash: the ``BatchRecord``
+- ``<r>:gateway:{batches}:<id>:lease``      string: the replica submitting it, expiring
+- ``<r>:gateway:{batches}:tenant:<tenant>`` sorted set: the tenant's batch ids by creation
+- ``<r>:gateway:{batches}:submitting``      set: batches whose submission has not ended
+
+All share the hash tag ``{batches}``, one Redis Cluster slot
+(``streams.stores.keyspace``).
 
 A record expires with its job: its window and ``LANEWAY_BATCH_RETENTION_S``
 after its creation. Like the job store, and unlike the cache, this is the
@@ -17,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from streams.gateway.batch_shapes import BatchRecord
+from streams.stores.keyspace import GATEWAY_BATCHES, tagged
 
 __all__ = ["BatchStore"]
 
@@ -47,16 +51,23 @@ class BatchStore:
         self._take = redis.register_script(_TAKE)
         self._release = redis.register_script(_RELEASE)
 
+    # Every key in one cluster slot (``{batches}``): one transaction writes
+    # a record and both lists.
+
     def key(self, batch_id: str, part: str | None = None) -> str:
-        base = f"{self.key_prefix}:gateway:batch:{batch_id}"
+        base = f"{self._base}:{batch_id}"
         return base if part is None else f"{base}:{part}"
 
     def tenant_key(self, tenant: str) -> str:
-        return f"{self.key_prefix}:gateway:batches:{tenant or '-'}"
+        return f"{self._base}:tenant:{tenant or '-'}"
 
     @property
     def submitting_key(self) -> str:
-        return f"{self.key_prefix}:gateway:batches:submitting"
+        return f"{self._base}:submitting"
+
+    @property
+    def _base(self) -> str:
+        return tagged(f"{self.key_prefix}:gateway", GATEWAY_BATCHES)
 
     async def create(self, record: BatchRecord) -> None:
         """Keep ``record`` and queue its submission."""

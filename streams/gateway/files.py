@@ -26,6 +26,7 @@ from typing import Any
 from schemas.messages import RequestLimits
 from streams.gateway.errors import GatewayError
 from streams.jobs.jsonl import ParsedFile, parse_jsonl
+from streams.stores.keyspace import own_slot
 
 __all__ = ["FileRecord", "FileStore", "line_urls", "validate_batch_file"]
 
@@ -116,7 +117,8 @@ class FileStore:
         self.ttl_s = ttl_s
 
     def key(self, file_id: str, part: str | None = None) -> str:
-        base = f"{self.key_prefix}:gateway:file:{file_id}"
+        # A file's record and its bytes in one slot: one transaction writes both.
+        base = own_slot(f"{self.key_prefix}:gateway:file", file_id)
         return base if part is None else f"{base}:{part}"
 
     async def put(

@@ -34,6 +34,7 @@ from redis.exceptions import RedisError
 
 from streams.gateway.limiter import WINDOW_S, MinuteLimiter
 from streams.stores.failopen import FailOpen
+from streams.stores.keyspace import own_slot
 
 __all__ = ["LimitVerdict", "SharedLimiter"]
 
@@ -126,7 +127,8 @@ class SharedLimiter:
         self.guard = FailOpen("gateway limits", log=log, label="gateway_limits")
 
     def _keys(self, key_id: str) -> list[str]:
-        base = f"{self.key_prefix}:gateway:limit:{key_id}"
+        # One key's windows in one slot: the scripts take them together.
+        base = own_slot(f"{self.key_prefix}:gateway:limit", key_id)
         return [f"{base}:req", f"{base}:tok", f"{base}:toksum"]
 
     async def admit(self, key_id: str, *, rpm: int | None, tpm: int | None) -> LimitVerdict:

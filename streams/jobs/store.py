@@ -1,20 +1,22 @@
 """Batch job state in Redis. ``<r>`` is ``LANEWAY_REDIS_KEY_PREFIX``:
 
-- ``<r>:batch:job:<id>``          hash: the job (status, tenant, counts, times)
-- ``<r>:batch:job:<id>:lines``    list: ``[line, custom_id]`` of each valid input line, in order
-- ``<r>:batch:job:<id>:invalid``  list: ``{"line", "custom_id", "error"}`` per refused line
-- ``<r>:batch:job:<id>:results``  hash: request id -> its result, first one kept
-- ``<r>:batch:job:<id>:seen``     set: request ids of a job only Kafka producers wrote to
-- ``<r>:batch:job:<id>:pending``  hash: request id -> the request, while it is unanswered
-- ``<r>:batch:job:<id>:retry``    sorted set: request ids shed with INF-429, by when to resend
-- ``<r>:batch:jobs``              sorted set: job id by creation time (``laneway batch list``)
-- ``<r>:batch:open``              set: jobs not yet final (the tracker settles them)
+- ``<r>:{batch}:job:<id>``        hash: the job (status, tenant, counts, times)
+- ``<r>:{batch}:job:<id>:lines``    list: ``[line, custom_id]`` of each valid input line, in order
+- ``<r>:{batch}:job:<id>:invalid``  list: ``{"line", "custom_id", "error"}`` per refused line
+- ``<r>:{batch}:job:<id>:results``  hash: request id -> its result, first one kept
+- ``<r>:{batch}:job:<id>:seen``     set: request ids of a job only Kafka producers wrote to
+- ``<r>:{batch}:job:<id>:pending``  hash: request id -> the request, while it is unanswered
+- ``<r>:{batch}:job:<id>:retry``    sorted set: request ids shed with INF-429, by when to resend
+- ``<r>:{batch}:jobs``            sorted set: job id by creation time (``laneway batch list``)
+- ``<r>:{batch}:open``            set: jobs not yet final (the tracker settles them)
 
 Unlike the cache, this is no fail-open helper: it is the job's record, so a
 Redis error reaches the caller (the submitter stops, the tracker does not
 commit and reads the results again). Every count changes in a script with
 the write that justifies it, so a redelivered result never counts twice.
-A final job's keys expire after ``LANEWAY_BATCH_RETENTION_S``.
+A final job's keys expire after ``LANEWAY_BATCH_RETENTION_S``. All of them
+share the hash tag ``{batch}``, one Redis Cluster slot
+(``streams.stores.keyspace``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 from schemas.jobs import FINAL, BatchCounts, BatchJob, BatchJobStatus
 from streams.jobs.jsonl import BatchLine, LineError
 from streams.jobs.state import TRANSITIONS
+from streams.stores.keyspace import BATCH, tagged
+from streams.stores.rounds import Round
 
 __all__ = ["JobStore"]
 
@@ -131,17 +135,20 @@ class JobStore:
 
     # -- keys --------------------------------------------------------------
 
+    # Every key in one cluster slot (``{batch}``): the record script writes a
+    # job's parts and the job lists in one step.
+
     def key(self, job_id: str, part: str | None = None) -> str:
-        base = f"{self.prefix}:batch:job:{job_id}"
+        base = tagged(self.prefix, BATCH, "job", job_id)
         return base if part is None else f"{base}:{part}"
 
     @property
     def jobs_key(self) -> str:
-        return f"{self.prefix}:batch:jobs"
+        return tagged(self.prefix, BATCH, "jobs")
 
     @property
     def open_key(self) -> str:
-        return f"{self.prefix}:batch:open"
+        return tagged(self.prefix, BATCH, "open")
 
     # -- jobs --------------------------------------------------------------
 
@@ -239,25 +246,25 @@ class JobStore:
         were recorded."""
         if not entries:
             return 0
-        pipe = self.redis.pipeline(transaction=False)
+        round_ = Round(self.redis)
         expires = now_ms + window_s * 1000
         for job_id, request_id, payload, outcome in entries:
             if outcome is True or outcome is False:
                 field, resend_at = ("done" if outcome else "failed"), 0
             else:
                 field, resend_at = "retry", int(outcome)
-            await self._record(
-                keys=[
+            round_.script(
+                self._record,
+                [
                     self.key(job_id),
                     self.key(job_id, "results"),
                     self.jobs_key,
                     self.open_key,
                     *(self.key(job_id, part) for part in ("seen", "pending", "retry")),
                 ],
-                args=[request_id, payload, field, now_ms, job_id, expires, resend_at],
-                client=pipe,
+                [request_id, payload, field, now_ms, job_id, expires, resend_at],
             )
-        return sum(int(n) for n in await pipe.execute())
+        return sum(int(n) for n in _raised(await round_.run()))
 
     async def put_pending(self, job_id: str, requests: dict[str, str]) -> None:
         """The requests about to be produced, kept until answered so that
@@ -286,15 +293,15 @@ class JobStore:
         counts the requests of jobs that Kafka producers alone write to."""
         if not entries:
             return 0
-        pipe = self.redis.pipeline(transaction=False)
+        round_ = Round(self.redis)
         expires = now_ms + window_s * 1000
         for job_id, request_id in entries:
-            await self._seen(
-                keys=[self.key(job_id), self.key(job_id, "seen"), self.jobs_key, self.open_key],
-                args=[request_id, now_ms, job_id, expires],
-                client=pipe,
+            round_.script(
+                self._seen,
+                [self.key(job_id), self.key(job_id, "seen"), self.jobs_key, self.open_key],
+                [request_id, now_ms, job_id, expires],
             )
-        return sum(int(n) for n in await pipe.execute())
+        return sum(int(n) for n in _raised(await round_.run()))
 
     async def lines(self, job_id: str, chunk: int = 1000) -> AsyncIterator[list[tuple[int, str]]]:
         """The job's valid lines, ``(line number, custom_id)``, in input order."""
@@ -351,3 +358,12 @@ def _from_hash(raw: dict[Any, Any]) -> BatchJob:
         expires_at_ms=int(data["expires_at_ms"]),
         finished_at_ms=int(finished) if finished else None,
     )
+
+
+def _raised(replies: list[Any]) -> list[Any]:
+    """``replies`` of a ``Round``, or the first error among them raised: the
+    job store is no fail-open helper."""
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+    return replies

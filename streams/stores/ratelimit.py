@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -21,7 +21,7 @@ from schemas.settings import RateLimitSettings
 from streams.stores.failopen import FailOpen
 from streams.stores.rounds import Round
 
-__all__ = ["RateLimiter", "Verdict"]
+__all__ = ["QueuedChecks", "RateLimiter", "Verdict"]
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,12 @@ return {allowed, retry_after}
 """
 
 
-# The same bucket for a whole batch. KEYS: one bucket per tenant. ARGV: per
-# key, tokens per second, burst and the number of requests of that tenant in
-# the batch. Returns per key {admitted, retry_after_ms}: the first
-# ``admitted`` requests (in batch order) take a token each, as that many
-# calls of the script above would; the rest wait ``retry_after_ms``.
+# The same bucket for a whole batch. KEYS: one bucket per tenant (on a
+# cluster, those of one slot). ARGV: per key, tokens per second, burst and
+# the number of requests of that tenant in the batch. Returns per key
+# {admitted, retry_after_ms}: the first ``admitted`` requests (in batch
+# order) take a token each, as that many calls of the script above would;
+# the rest wait ``retry_after_ms``.
 _TOKEN_BUCKETS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -81,6 +82,16 @@ for i, key in ipairs(KEYS) do
 end
 return out
 """
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedChecks:
+    """The script calls ``RateLimiter.queue`` put in a round."""
+
+    indexes: tuple[int, ...]
+    """Where each call's reply is in the round's replies."""
+    order: tuple[str | None, ...]
+    """The tenants, in the order of the calls' concatenated replies."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +132,13 @@ class RateLimiter:
 
     # -- batched: one script call for every tenant of a batch ----------------
 
-    def queue(self, round_: Round, tenants: Sequence[str | None]) -> int | list[Verdict]:
+    def queue(self, round_: Round, tenants: Sequence[str | None]) -> QueuedChecks | list[Verdict]:
         """Queue the checks of a batch's requests (one tenant each, in batch
-        order) into ``round_`` as one script call; the index of its reply, or
-        the verdicts at once when Redis is not to be asked (limits off, or
-        resting after a failure)."""
+        order) into ``round_``: one script call for all its tenants on one
+        Redis, one per cluster slot on a cluster (a script's keys must
+        share a slot; the buckets spread over the nodes). What to ``judge``
+        the replies by, or the verdicts at once when Redis is not to be
+        asked (limits off, or resting after a failure)."""
         if not self._settings.enabled:
             return [Verdict(allowed=True)] * len(tenants)
         if self._failopen.resting():
@@ -133,25 +146,38 @@ class RateLimiter:
         asked: dict[str | None, int] = {}
         for tenant in tenants:
             asked[tenant] = asked.get(tenant, 0) + 1
-        keys, args = [], []
+        groups: dict[int, list[tuple[str | None, str, int]]] = {}
         for tenant, count in asked.items():
-            limit = self._settings.limit_for(tenant)
-            keys.append(f"{self._prefix}:ratelimit:{tenant or '-'}")
-            args += [limit.rps, limit.burst, count]
-        return round_.script(self._batch_script, keys, args)
+            key = f"{self._prefix}:ratelimit:{tenant or '-'}"
+            groups.setdefault(round_.group_of(key), []).append((tenant, key, count))
+        indexes, order = [], []
+        for group in groups.values():
+            keys, args = [], []
+            for tenant, key, count in group:
+                limit = self._settings.limit_for(tenant)
+                keys.append(key)
+                args += [limit.rps, limit.burst, count]
+                order.append(tenant)
+            indexes.append(round_.script(self._batch_script, keys, args))
+        return QueuedChecks(tuple(indexes), tuple(order))
 
-    def judge(self, reply: object, tenants: Sequence[str | None]) -> list[Verdict]:
-        """Each request's verdict from the reply of ``queue``'s script call."""
-        if isinstance(reply, RedisError | OSError):
-            return [self.failed(reply)] * len(tenants)
-        order = list(dict.fromkeys(tenants))
+    def judge(
+        self, queued: QueuedChecks, replies: Sequence[object], tenants: Sequence[str | None]
+    ) -> list[Verdict]:
+        """Each request's verdict from the round's ``replies`` to what
+        ``queue`` queued."""
+        answers = [replies[i] for i in queued.indexes]
+        for reply in answers:
+            if isinstance(reply, RedisError | OSError):
+                return [self.failed(reply)] * len(tenants)
         try:
-            flat: Any = reply
+            flat: Any = [value for reply in answers for value in cast(Any, reply)]
             granted = {
-                tenant: (int(flat[2 * i]), int(flat[2 * i + 1])) for i, tenant in enumerate(order)
+                tenant: (int(flat[2 * i]), int(flat[2 * i + 1]))
+                for i, tenant in enumerate(queued.order)
             }
         except (TypeError, ValueError, IndexError) as exc:
-            log.warning("rate limit script answered %r: %s", reply, exc)
+            log.warning("rate limit script answered %r: %s", answers, exc)
             return [self._degraded()] * len(tenants)
         self._failopen.answered()
         verdicts = []

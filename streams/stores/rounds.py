@@ -6,6 +6,11 @@ go into one pipeline (``transaction=False``: no MULTI, one write and one
 read on the socket). Each helper queues its commands and later reads its
 own results by the index ``add``/``script`` returned.
 
+On a Redis Cluster the pipeline goes to each node that holds one of its
+keys, one round trip each, sent together; a script that takes several
+keys is queued once per slot of them (``group_of``), and reads of several
+keys as one command per key (redis-py's cluster pipelines refuse ``MGET``).
+
 redis-py's pipelines check every registered script with ``SCRIPT EXISTS``
 before they run, which is a second round trip per batch. ``Round`` sends
 ``EVALSHA`` instead and only when Redis answers ``NOSCRIPT`` (a restarted
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError
 
 __all__ = ["Round"]
@@ -26,6 +33,7 @@ class Round:
 
     def __init__(self, redis: Any) -> None:
         self._redis = redis
+        self._cluster = isinstance(redis, RedisCluster)
         self._commands: list[tuple[str, tuple[Any, ...]]] = []
         self._scripts: dict[int, Any] = {}
         self.results: list[Any] = []
@@ -37,6 +45,16 @@ class Round:
         """Queue ``pipe.<command>(*args)``; returns the index of its result."""
         self._commands.append((command, args))
         return len(self._commands) - 1
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the round goes to a Redis Cluster (one pipeline per node)."""
+        return self._cluster
+
+    def group_of(self, key: str) -> int:
+        """Which keys one command may take together: on a cluster client,
+        those of one slot (the slot of ``key``); on one Redis, all (0)."""
+        return key_slot(key.encode()) if self._cluster else 0
 
     def script(self, script: Any, keys: list[Any], args: list[Any]) -> int:
         """Queue a registered script (``redis.register_script``) as EVALSHA."""

@@ -28,7 +28,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
@@ -216,13 +216,40 @@ class SessionStore:
 
     # -- batched: the reads go into the batch's round trip --------------------
 
-    def queue_histories(self, round_: Round, session_ids: Sequence[str]) -> int | None:
-        """Queue the read of these sessions' histories into ``round_`` as one
-        ``MGET``; ``None`` when there is nothing to read (none, disabled,
-        Redis resting)."""
+    def queue_histories(
+        self, round_: Round, session_ids: Sequence[str]
+    ) -> list[tuple[int, str | list[str]]] | None:
+        """Queue the read of these sessions' histories into ``round_``: one
+        ``MGET`` on one Redis; on a cluster one ``GET`` each (redis-py's
+        cluster pipelines refuse ``MGET``; the round still sends one
+        pipeline per node). Per command the index of its reply and the
+        session it reads (a ``GET``) or the sessions (an ``MGET``);
+        ``None`` when there is nothing to read (none, disabled, Redis
+        resting)."""
         if not session_ids or not self._available():
             return None
-        return round_.add("mget", [self.key(s) for s in session_ids])
+        if round_.cluster:
+            return [(round_.add("get", self.key(s)), s) for s in session_ids]
+        return [(round_.add("mget", [self.key(s) for s in session_ids]), list(session_ids))]
+
+    def histories_from(
+        self, queued: list[tuple[int, str | list[str]]], replies: Sequence[object]
+    ) -> dict[str, list[ChatMessage]]:
+        """Each session's history from the round's ``replies`` to what
+        ``queue_histories`` queued; none when a read failed."""
+        read = [(replies[at], ids) for at, ids in queued]
+        failure = next((r for r, _ in read if isinstance(r, BaseException)), None)
+        if failure is not None:
+            self.failed(failure)
+            return {}
+        histories = {}
+        for reply, read_of in read:
+            if isinstance(read_of, str):
+                histories[read_of] = self.history_from(read_of, reply)
+                continue
+            for session, raw in zip(read_of, cast(list[object], reply), strict=True):
+                histories[session] = self.history_from(session, raw)
+        return histories
 
     def history_from(self, session_id: str, raw: object) -> list[ChatMessage]:
         """The history from what ``GET`` answered (or the error it raised)."""

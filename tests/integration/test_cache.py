@@ -74,7 +74,7 @@ async def test_store_is_idempotent(
     question = req("What are your opening hours?")
     assert await cache.store(question, answer(question, "9 to 5"))
     assert await cache.store(question, answer(question, "9 to 5"))
-    assert await redis_client.zcard(f"{prefix}:cache:index") == 1
+    assert await redis_client.zcard(f"{prefix}:{{cache}}:index") == 1
     ttl = await redis_client.ttl(cache.entry_key((await cache.lookup(question)).key))
     assert 0 < ttl <= CacheSettings().ttl_s
 
@@ -250,11 +250,11 @@ async def test_index_and_entries_are_bounded(
     questions = [req(f"What is fact number {n}?") for n in range(5)]
     for question in questions:
         assert await cache.store(question, answer(question, f"fact {question.prompt}"))
-    assert await redis_client.zcard(f"{prefix}:cache:index") == 3
+    assert await redis_client.zcard(f"{prefix}:{{cache}}:index") == 3
     assert cache.index_size == 3
     assert await cache.lookup(questions[0]) is None  # trimmed, entry deleted too
     assert await cache.lookup(questions[4]) is not None
-    entries = [key async for key in redis_client.scan_iter(match=f"{prefix}:cache:e:*")]
+    entries = [key async for key in redis_client.scan_iter(match=f"{prefix}:{{cache}}:e:*")]
     assert len(entries) == 3
 
 

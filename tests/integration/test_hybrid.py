@@ -141,7 +141,7 @@ async def test_bad_feedback_evicts_the_cache_entry_that_gave_the_answer(
     cached = await ask_until_cached(client, prompt)
     assert cached.path == AnswerPath.CACHE, cached
     key = cache_key(InferenceRequest(id="k", prompt=prompt, max_tokens=8), settings.cache)
-    entry = f"{settings.redis.key_prefix}:cache:e:{key}"
+    entry = f"{settings.redis.key_prefix}:{{cache}}:e:{key}"
     answered = f"{settings.redis.key_prefix}:answered:{cached.id}"
     redis = settings.redis.client()
     try:

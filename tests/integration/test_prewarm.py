@@ -57,7 +57,7 @@ async def test_prewarm_refreshes_a_hot_question_whose_entry_expired(
     question = InferenceRequest(id="q", prompt=prompt, max_tokens=8)
     key = cache_key(question, settings.cache)
     today_key = cache_key(InferenceRequest(id="t", prompt=today, max_tokens=8), settings.cache)
-    entry = f"{settings.redis.key_prefix}:cache:e:{key}"
+    entry = f"{settings.redis.key_prefix}:{{cache}}:e:{key}"
     redis = settings.redis.client()
     try:
         for _ in range(3):

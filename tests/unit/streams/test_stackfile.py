@@ -105,6 +105,16 @@ def test_the_stack_fills_what_the_environment_left_unset(
     assert apply_stack(Settings(), None) == Settings()
 
 
+def test_a_stack_on_a_redis_cluster_tells_the_commands_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert not apply_stack(Settings(), record()).redis.cluster, "an old file: one Redis"
+    stack = record(redis_cluster=True)
+    assert apply_stack(Settings(), stack).redis.cluster
+    monkeypatch.setenv("LANEWAY_REDIS_CLUSTER", "false")
+    assert not apply_stack(Settings(), stack).redis.cluster, "the environment wins"
+
+
 def test_a_command_builds_its_settings_from_the_file_env_and_flags(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
