@@ -31,7 +31,8 @@ ALLOWED: dict[str, frozenset[str]] = {
         "streams.kafka": ("schemas",),
         "streams.stores": ("schemas", "streams.ops", "streams.routing"),
         "streams.rules": ("schemas", "streams.stores"),
-        "streams.jobs": ("schemas", "streams.ops"),
+        # Batch jobs keep their state in Redis the way the stores do (keyspace, rounds).
+        "streams.jobs": ("schemas", "streams.ops", "streams.stores"),
         "streams.client": ("schemas", "streams.chunks", "streams.jobs"),
         "streams.cache": ("schemas", "streams.client", "streams.ops", "streams.stores"),
         # The roll-out never imports the classifier; the classifier reads it.
