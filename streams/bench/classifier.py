@@ -17,6 +17,14 @@ its default settings and reads the replies with a plain consumer; its rate is
 ``n`` over the time from the first send to the last reply. Tenants' rate
 limits are set high enough not to refuse anything (the scripts still run).
 
+``--lag`` also starts a router (the quality loop) and a batch tracker on the
+same topics, beside the classifier on the same machine, and after each phase
+waits until their consumer groups have caught up (``streams.bench.lag``):
+each one's pace is the time from the first send until it had no lag, over
+the classifier's own time for the phase (1.0: it kept up; the target is at
+most 1.2). ``--batch-share`` gives that share of the requests a
+``batch_id``, so the tracker records their results as well.
+
 ``python -m streams.bench.classifier --baseline DIR`` first measures a
 classifier started from another checkout (``DIR``, e.g. a ``git worktree``
 of an older commit) on the same broker and Redis, so the two are compared in
@@ -43,6 +51,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.messages import AnswerPath, InferenceRequest, InferenceResult
 from schemas.settings import Settings
+from streams.bench.lag import Follower, caught_up, followers, pace
 from streams.bench.results import BenchRun, Figure
 from streams.cache.response import ResponseCache
 from streams.devstack.embedded import EmbeddedBroker, EmbeddedRedis, free_port
@@ -51,10 +60,12 @@ from streams.kafka.topics import create_topics, wait_for_broker
 
 __all__ = [
     "HELP",
+    "BenchProcess",
     "Classifier",
     "PhaseRow",
     "add_arguments",
     "format_rows",
+    "lag_figures",
     "main",
     "measure",
     "phase_requests",
@@ -66,6 +77,32 @@ HELP = "one classifier process alone: rule, exact-cache and semantic answers per
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--requests", type=int, default=5000, help="requests per phase")
+    _add_lag_arguments(parser)
+
+
+def _add_lag_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lag",
+        action="store_true",
+        help="also run a router and a batch tracker beside the classifier and report how "
+        "long each takes to catch up, as a multiple of the classifier's time",
+    )
+    parser.add_argument(
+        "--batch-share",
+        type=_share,
+        default=0.0,
+        help="share of the requests (0..1) that carry a batch_id, for the tracker to record",
+    )
+
+
+def _share(text: str) -> float:
+    try:
+        share = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share is between 0 and 1, not {share}")
+    return share
 
 
 RULE_PROMPTS = ["Hello!", "thanks", "ping", "help"]
@@ -97,6 +134,18 @@ class PhaseRow:
     """CPU time the classifier process used in the phase (Linux only)."""
     batches: float | None = None
     """Batches the classifier took in the phase (from its /metrics)."""
+    router_behind_s: float | None = None
+    """From the last reply until the router's group had no lag (``--lag``)."""
+    tracker_behind_s: float | None = None
+    """From the last reply until the batch tracker's group had no lag (``--lag``)."""
+
+    @property
+    def router_pace(self) -> float | None:
+        return pace(self.seconds, self.router_behind_s)
+
+    @property
+    def tracker_pace(self) -> float | None:
+        return pace(self.seconds, self.tracker_behind_s)
 
     @property
     def rps(self) -> float:
@@ -114,18 +163,23 @@ class PhaseRow:
         return self.cpu_s / self.answered * 1e6
 
 
-def phase_requests(phase: str, n: int, tag: str) -> list[dict[str, Any]]:
-    """``n`` request bodies of one phase, ids unique to ``tag``."""
+def phase_requests(phase: str, n: int, tag: str, batch_share: float = 0.0) -> list[dict[str, Any]]:
+    """``n`` request bodies of one phase, ids unique to ``tag``; evenly
+    spread, ``batch_share`` of them carry the batch id ``<tag>-batch``."""
     if phase == "rules":
         prompts = RULE_PROMPTS
     elif phase == "exact":
         prompts = EXACT_PROMPTS
     else:
         prompts = [asked for _, asked in SEMANTIC_PAIRS]
-    return [
+    bodies: list[dict[str, Any]] = [
         {"id": f"{tag}-{phase}-{i}", "prompt": prompts[i % len(prompts)], "max_tokens": 16}
         for i in range(n)
     ]
+    for i, body in enumerate(bodies):
+        if int((i + 1) * batch_share) > int(i * batch_share):
+            body["batch_id"] = f"{tag}-batch"
+    return bodies
 
 
 def expected_kind(phase: str, result: InferenceResult) -> bool:
@@ -138,15 +192,17 @@ def expected_kind(phase: str, result: InferenceResult) -> bool:
 def format_rows(rows: Sequence[PhaseRow]) -> str:
     head = (
         f"{'classifier':12} {'phase':9} {'sent':>6} {'answered':>8} {'as meant':>8} "
-        f"{'req/s':>9} {'cpu us/req':>10} {'batch':>6}"
+        f"{'req/s':>9} {'cpu us/req':>10} {'batch':>6} {'router x':>8} {'tracker x':>9}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         cpu = f"{r.cpu_us:10.0f}" if r.cpu_us is not None else f"{'-':>10}"
         batch = f"{r.mean_batch:6.1f}" if r.mean_batch is not None else f"{'-':>6}"
+        router = f"{r.router_pace:8.2f}" if r.router_pace is not None else f"{'-':>8}"
+        tracker = f"{r.tracker_pace:9.2f}" if r.tracker_pace is not None else f"{'-':>9}"
         lines.append(
             f"{r.label:12} {r.phase:9} {r.sent:6d} {r.answered:8d} {r.expected:8d} "
-            f"{r.rps:9.1f} {cpu} {batch}"
+            f"{r.rps:9.1f} {cpu} {batch} {router} {tracker}"
         )
     return "\n".join(lines)
 
@@ -169,14 +225,23 @@ def batches_taken(port: int) -> float | None:
     return metric_total(port, "laneway_classifier_batch_size_count")
 
 
-class Classifier:
-    """One classifier process on topics and Redis keys of its own."""
+class BenchProcess:
+    """One laneway process (``laneway <command>``) on topics and Redis keys
+    of its own."""
 
     def __init__(
-        self, settings: Settings, label: str, source: Path | None, tag: str | None = None
+        self,
+        settings: Settings,
+        label: str,
+        source: Path | None,
+        tag: str | None = None,
+        command: Sequence[str] = ("classifier",),
     ) -> None:
         """``tag``: topic prefix, Redis prefix and app id (consumer group); one
-        of its own unless given (replicas of one classifier share it)."""
+        of its own unless given (replicas of one process, and the processes
+        of one stack, share it)."""
+        self.command = tuple(command)
+        self.name = " ".join(self.command)
         self.label = label
         self.source = source
         self.tag = tag or f"bench-{uuid.uuid4().hex[:8]}"
@@ -187,7 +252,8 @@ class Classifier:
             update={"kafka": kafka, "redis": redis, "app_id": self.tag}
         )
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"{self.tag}-{label}.log"
+        log_name = f"{self.tag}-{label}-{'-'.join(self.command)}.log"
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / log_name
 
     def start(self, timeout_s: float = 180.0) -> None:
         env = {
@@ -208,7 +274,7 @@ class Classifier:
             cwd = str(self.source)
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streams.cli.main", "classifier"],
+                [sys.executable, "-m", "streams.cli.main", *self.command],
                 env=env,
                 cwd=cwd,
                 stdout=out,
@@ -218,9 +284,9 @@ class Classifier:
         give_up = time.monotonic() + timeout_s
         while not is_ready(self.port):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"classifier exited with {self.proc.returncode}: {self.tail()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
             if time.monotonic() > give_up:
-                raise TimeoutError(f"classifier not ready after {timeout_s}s: {self.tail()}")
+                raise TimeoutError(f"{self.name} not ready after {timeout_s}s: {self.tail()}")
             time.sleep(0.2)
 
     def tail(self) -> str:
@@ -236,6 +302,22 @@ class Classifier:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class Classifier(BenchProcess):
+    """One classifier process on topics and Redis keys of its own."""
+
+    def __init__(
+        self, settings: Settings, label: str, source: Path | None, tag: str | None = None
+    ) -> None:
+        super().__init__(settings, label, source, tag)
+
+
+async def _behind(follower: Follower, before: float, n: int, finished: float) -> float | None:
+    """Seconds from ``finished`` until ``follower`` caught up with the ``n``
+    requests of the phase; ``None`` when it did not within the timeout."""
+    caught = await caught_up(follower, before + follower.per_request * n)
+    return caught - finished if caught is not None else None
 
 
 async def _seed_cache(settings: Settings) -> None:
@@ -309,8 +391,12 @@ async def _phase(
     replies: Replies,
     phase: str,
     n: int,
+    watched: Sequence[Follower] = (),
+    batch_share: float = 0.0,
 ) -> PhaseRow:
-    bodies = phase_requests(phase, n, f"{classifier.tag}-{uuid.uuid4().hex[:4]}")
+    bodies = phase_requests(phase, n, f"{classifier.tag}-{uuid.uuid4().hex[:4]}", batch_share)
+    # A follower without its counter (from a checkout older than it) is not measured.
+    done_before = [(f, f.done()) for f in watched]
     topic = classifier.settings.topic("requests")
     ids = {body["id"] for body in bodies}
     pid = classifier.proc.pid if classifier.proc is not None else None
@@ -327,6 +413,10 @@ async def _phase(
     batches_after = batches_taken(classifier.port)
     answered = [replies.seen[i] for i in ids if i in replies.seen]
     finished = max((at for at, _ in answered), default=started)
+    behind: dict[str, float | None] = {}
+    for follower, before in done_before:
+        if before is not None:
+            behind[follower.name] = await _behind(follower, before, n, finished)
     meant = sum(expected_kind(phase, result) for _, result in answered)
     cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
     batches = (
@@ -335,11 +425,25 @@ async def _phase(
         else None
     )
     return PhaseRow(
-        classifier.label, phase, n, len(answered), meant, finished - started, cpu, batches
+        classifier.label,
+        phase,
+        n,
+        len(answered),
+        meant,
+        finished - started,
+        cpu,
+        batches,
+        behind.get("router"),
+        behind.get("tracker"),
     )
 
 
-async def _measure(classifier: Classifier, n: int) -> list[PhaseRow]:
+async def _measure(
+    classifier: Classifier,
+    n: int,
+    watched: Sequence[Follower] = (),
+    batch_share: float = 0.0,
+) -> list[PhaseRow]:
     settings = classifier.settings
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     replies = Replies(settings)
@@ -354,7 +458,9 @@ async def _measure(classifier: Classifier, n: int) -> list[PhaseRow]:
             if all(r.expected == r.sent for r in rows) or time.monotonic() > give_up:
                 break
             await asyncio.sleep(0.5)
-        return [await _phase(classifier, producer, replies, p, n) for p in PHASES]
+        return [
+            await _phase(classifier, producer, replies, p, n, watched, batch_share) for p in PHASES
+        ]
     finally:
         await replies.stop()
         await producer.stop()
@@ -383,8 +489,23 @@ def _services(settings: Settings, external_broker: bool) -> Iterator[Settings]:
                 redis.stop()
 
 
-def _run_one(settings: Settings, label: str, source: Path | None, n: int) -> list[PhaseRow]:
+def _run_one(
+    settings: Settings,
+    label: str,
+    source: Path | None,
+    n: int,
+    with_lag: bool = False,
+    batch_share: float = 0.0,
+) -> list[PhaseRow]:
     classifier = Classifier(settings, label, source)
+    beside = (
+        [
+            BenchProcess(settings, label, source, classifier.tag, command)
+            for command in (("router",), ("batch", "tracker"))
+        ]
+        if with_lag
+        else []
+    )
 
     async def prepare() -> None:
         await wait_for_broker(classifier.settings)
@@ -392,11 +513,16 @@ def _run_one(settings: Settings, label: str, source: Path | None, n: int) -> lis
         await _seed_cache(classifier.settings)
 
     asyncio.run(prepare())
-    classifier.start()
+    started: list[BenchProcess] = []
     try:
-        return asyncio.run(_measure(classifier, n))
+        for process in (classifier, *beside):
+            started.append(process)
+            process.start()
+        watched = followers(beside[0].port, beside[1].port) if beside else []
+        return asyncio.run(_measure(classifier, n, watched, batch_share))
     finally:
-        classifier.stop()
+        for process in started:
+            process.stop()
 
 
 def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
@@ -413,13 +539,22 @@ def measure(
 ) -> BenchRun:
     """Measure, print the table; 1 when a request went unanswered."""
     n = args.requests
+    with_lag = bool(getattr(args, "lag", False))
+    share = float(getattr(args, "batch_share", 0.0))
     external = bool(getattr(args, "bootstrap", None))
     rows: list[PhaseRow] = []
     with _services(settings, external) as running:
         if baseline is not None:
-            rows += _run_one(running, "baseline", baseline, baseline_n or n)
-        rows += _run_one(running, "this", None, n)
-    print(f"\nlaneway bench classifier: one classifier process, {n} requests per phase")
+            rows += _run_one(running, "baseline", baseline, baseline_n or n, with_lag, share)
+        rows += _run_one(running, "this", None, n, with_lag, share)
+    beside = ", a router and a batch tracker beside it" if with_lag else ""
+    print(f"\nlaneway bench classifier: one classifier process{beside}, {n} requests per phase")
+    if with_lag:
+        print(
+            "router x / tracker x: time until it had done every record of the phase (its "
+            "group's lag at zero), from the first request, over the classifier's time "
+            f"({share:.0%} of requests batched)"
+        )
     print(format_rows(rows))
     if baseline is not None:
         for phase in PHASES:
@@ -432,7 +567,26 @@ def measure(
         for r in rows
         if r.label == "this"
     }
-    return BenchRun(1 if any(r.answered < r.sent for r in rows) else 0, figures)
+    if with_lag:
+        figures.update(lag_figures([r for r in rows if r.label == "this"]))
+    late = with_lag and any(
+        r.router_pace is None or r.tracker_pace is None for r in rows if r.label == "this"
+    )
+    return BenchRun(1 if late or any(r.answered < r.sent for r in rows) else 0, figures)
+
+
+def lag_figures(rows: Sequence[PhaseRow]) -> dict[str, Figure]:
+    """Each phase's router and tracker pace (``--lag``), as result figures."""
+    figures = {}
+    for r in rows:
+        for name, value in (("router", r.router_pace), ("tracker", r.tracker_pace)):
+            figures[f"{r.phase}_{name}_pace"] = Figure(
+                value,
+                "x",
+                f"{r.phase}: time until the {name}'s group had no lag, over the "
+                "classifier's time for the phase",
+            )
+    return figures
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -441,6 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bootstrap", help="use this broker instead of an embedded one")
     parser.add_argument("--baseline", type=Path, help="another checkout to measure first")
     parser.add_argument("--baseline-n", type=int, help="requests per phase for the baseline")
+    _add_lag_arguments(parser)
     args = parser.parse_args(argv)
     settings = Settings()
     if args.bootstrap:

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from prometheus_client import Counter
 
 from schemas.errors import ErrorCode
 from schemas.jobs import BatchJob
@@ -52,6 +53,11 @@ POLL_MS = 500
 MAX_RECORDS = 1000
 DEFAULT_RETRY_MS = 5_000
 MAX_RETRY_MS = 60_000
+
+RECORDS = Counter(
+    "laneway_batch_tracker_records_total",
+    "Records of the requests and results topics the batch tracker has read and recorded",
+)
 
 
 def _batch_fields(value: bytes | None) -> tuple[str, str, dict[str, Any]] | None:
@@ -168,6 +174,7 @@ class JobTracker:
                 if records:
                     await self.handle(records)
                     await consumer.commit()
+                    RECORDS.inc(len(records))
                 if loop.time() >= next_sweep:
                     next_sweep = loop.time() + self.settings.batch.sweep_interval_s
                     await self.sweep()

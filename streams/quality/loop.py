@@ -12,7 +12,11 @@ the events of the partitions it owns.
   to another replica whole. Each record keeps the time of each of its
   recent outcomes, so the merge takes the newest ``success_window``
   outcomes of all partitions together: the window the router sees is as
-  long and as recent as one partition's was when events were keyed by path;
+  long and as recent as one partition's was when events were keyed by path.
+  Events are folded in batches (``streams.quality.batch``): each record a
+  batch touches is read and written once, and the answers its results
+  remember go to Redis in one pipeline, so the loop keeps pace with the
+  classifiers that emit them;
 - ``laneway.feedback`` (keyed by request id) -> joined to the path that
   answered that request (remembered in Redis for a day) and re-emitted to
   ``laneway.quality`` keyed by the request id;
@@ -52,8 +56,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import faust
 from prometheus_client import Counter, Gauge
@@ -68,6 +73,7 @@ from streams.classify.router import RouteBoard
 from streams.kafka.envelopes import Outbound, deliver, dlq_for
 from streams.kafka.faust_transport import new_app, raw_sender, raw_topic
 from streams.ops import REDIS_ERRORS, ProcessState
+from streams.quality.batch import count_events, fold_batch
 from streams.quality.records import (
     ROUTER_FIELD,
     LaneLatency,
@@ -76,14 +82,11 @@ from streams.quality.records import (
     merge_all,
     merge_routers,
     merge_versions,
-    router_field,
-    version_field,
 )
 from streams.rollout.board import RolloutBoard
 from streams.rollout.rollback import decide, routers_to_drain
 from streams.rollout.routers import ROUTER_KIND, ROUTER_NAME, RouterCatalog
 from streams.routing.registry import load_registry
-from streams.routing.stats import PathStats
 from streams.stores.backlog import LatencyBoard
 
 __all__ = ["Answered", "QualityService", "build_quality_app", "router_app_id"]
@@ -106,6 +109,12 @@ ROLLBACKS = Counter(
     "Canaries drained to 0% because they did worse than the active version",
     ["path", "version", "signal"],
 )
+
+
+FOLD_BATCH = 2000
+"""Most quality events folded in one batch."""
+FOLD_WITHIN_S = 0.1
+"""How long a batch waits to fill before it is folded as it is."""
 
 
 def router_app_id(settings: Settings) -> str:
@@ -167,55 +176,69 @@ class QualityService:
     # -- quality events ------------------------------------------------------
 
     async def keep_stats(self, stream: faust.StreamT) -> None:
-        async for event in stream.events():
-            quality_event = await self.decode(event, QualityEvent)
-            if quality_event is None:
+        # faust acks a batch's events once the loop comes back for the next
+        # one: offsets move only after the batch is folded and written.
+        # (faust's StreamT leaves out take_events, which its Stream has.)
+        batches = cast(faust.Stream[Any], stream).take_events(FOLD_BATCH, within=FOLD_WITHIN_S)
+        async for events in batches:
+            await self.fold_events(events)
+
+    async def fold_events(self, events: Sequence[Any]) -> None:
+        """Fold one batch of events: one Redis round trip for the answers it
+        remembers and one table write per record it touches (``fold_batch``)."""
+        decoded: list[tuple[QualityEvent, int]] = []
+        refused: list[Outbound] = []
+        for event in events:
+            try:
+                quality_event = QualityEvent.model_validate_json(event.value or b"")
+            except ValidationError as exc:
+                error = InvalidRequest(f"not a QualityEvent: {describe_errors(exc)}")
+                refused.append(dlq_for(event.message, error, self.settings))
                 continue
+            decoded.append((quality_event, event.message.partition))
+        if refused:
+            await deliver(refused, self.send, self.settings)
+        for (kind, path), n in count_events(e for e, _ in decoded).items():
+            EVENTS.labels(kind, path).inc(n)
+        await self._results([e for e, _ in decoded if e.kind == "result"])
+        for (name, partition), part in fold_batch(decoded, self._read, self.settings).items():
+            self._write(name, partition, json.loads(part.to_json()))
+
+    async def _results(self, results: list[QualityEvent]) -> None:
+        """Terminal results: their cost, their lanes' latency, and what
+        answered each, kept for the feedback that may follow (one pipeline)."""
+        answered: dict[str, Answered] = {}
+        for quality_event in results:
             path = quality_event.path
-            EVENTS.labels(quality_event.kind, str(path or "none")).inc()
-            if quality_event.kind == "result":
-                await self._result(quality_event)
-            if path is None or quality_event.kind in ("drift", "rollback"):
-                continue
-            self._fold(quality_event, path, event.message.partition)
+            entry = self.registry.for_path(path) if path is not None else None
+            tokens = quality_event.prompt_tokens + quality_event.completion_tokens
+            if entry is not None and tokens:
+                COST.labels(path.value if path else "none").inc(
+                    tokens / 1000 * entry.cost_per_1k_tokens
+                )
+            if quality_event.lane is not None:
+                self.lanes.add(quality_event.lane, quality_event.latency_ms)
+            if path is not None:
+                answered[self.answered_key + quality_event.id] = Answered(
+                    path,
+                    quality_event.cache_key,
+                    quality_event.version,
+                    quality_event.router_version,
+                )
+        if answered:
+            await _remember(self.redis, answered)
 
-    async def _result(self, quality_event: QualityEvent) -> None:
-        """A terminal result: its cost, its lane's latency, and what answered
-        it, kept for the feedback that may follow."""
-        path = quality_event.path
-        entry = self.registry.for_path(path) if path is not None else None
-        tokens = quality_event.prompt_tokens + quality_event.completion_tokens
-        if entry is not None and tokens:
-            COST.labels(path.value if path else "none").inc(
-                tokens / 1000 * entry.cost_per_1k_tokens
-            )
-        if quality_event.lane is not None:
-            self.lanes.add(quality_event.lane, quality_event.latency_ms)
-        if path is not None:
-            answer = Answered(
-                path,
-                quality_event.cache_key,
-                quality_event.version,
-                quality_event.router_version,
-            )
-            await _remember(self.redis, self.answered_key + quality_event.id, answer)
+    def _read(self, name: str) -> PartStats | None:
+        current = self.table.get(name)
+        return PartStats.from_json(json.dumps(current)) if current else None
 
-    def _fold(self, quality_event: QualityEvent, path: AnswerPath, partition: int) -> None:
-        """Fold the event into this partition's records of the path (and
-        version, and router version): written only from here."""
-        keys = [f"{path.value}@{partition}"]
-        if quality_event.version is not None:
-            keys.append(version_field(path, quality_event.version, partition))
-        if quality_event.router_version is not None:
-            keys.append(router_field(quality_event.router_version, partition))
-        for key in keys:
-            current = self.table.get(key)
-            if current:
-                part = PartStats.from_json(json.dumps(current))
-            else:
-                part = PartStats(PathStats(latency_ms=quality_event.latency_ms))
-            part.fold(quality_event, self.settings)
-            self.table[key] = json.loads(part.to_json())
+    def _write(self, name: str, partition: int, value: dict[str, Any]) -> None:
+        """``table[name] = value``, its changelog record on ``partition``:
+        what faust's ``__setitem__`` does, with the partition given, since
+        a batch's fold runs outside the iteration of any one event (faust
+        takes the partition from the event being iterated)."""
+        self.table.send_changelog(partition, name, value)
+        self.table.data[name] = value
 
     # -- feedback ------------------------------------------------------------
 
@@ -486,12 +509,16 @@ class Answered:
             return None
 
 
-async def _remember(redis: Any, key: str, answered: Answered) -> None:
+async def _remember(redis: Any, answered: dict[str, Answered]) -> None:
+    """Each answer under its key for a day, in one round trip."""
     try:
-        await redis.set(key, answered.to_json(), ex=86_400)
+        async with redis.pipeline(transaction=False) as pipe:
+            for key, answer in answered.items():
+                pipe.set(key, answer.to_json(), ex=86_400)
+            await pipe.execute()
     except (RedisError, OSError) as exc:
         REDIS_ERRORS.labels("route").inc()
-        log.debug("answer path not kept for feedback: %s", exc)
+        log.debug("answer paths not kept for feedback: %s", exc)
 
 
 async def _recall(redis: Any, key: str) -> Answered | None:

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 import pytest
 
 from schemas.messages import AnswerPath, InferenceResult, Lane
-from schemas.settings import Settings
 from streams.classify.router import RouteBoard
 from streams.client import LanewayClient
 from streams.devstack.embedded import free_port
+from streams.devstack.supervisor import Stack
 
 from .conftest import own_stack
 from .servers import llama_cpp_server
@@ -67,8 +67,8 @@ def light() -> Iterator[LightServer]:
 
 
 @pytest.fixture(scope="module")
-def weighted(light: LightServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    """A stack with only the realtime worker; yields the children's settings."""
+def weighted(light: LightServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A stack with only the realtime worker."""
     prefix = f"weights-{uuid.uuid4().hex[:8]}"
     env = {
         "LANEWAY_APP_ID": prefix,
@@ -88,8 +88,7 @@ def weighted(light: LightServer, tmp_path_factory: pytest.TempPathFactory) -> It
         "LANEWAY_ROUTING_W_LAT": "0",
         "LANEWAY_ROUTING_SUCCESS_WINDOW": "10",
     }
-    for stack in own_stack(tmp_path_factory.mktemp("weights"), env, lanes=(Lane.REALTIME,)):
-        yield stack.settings
+    yield from own_stack(tmp_path_factory.mktemp("weights"), env, lanes=(Lane.REALTIME,))
 
 
 async def ask_many(client: LanewayClient, n: int) -> list[InferenceResult]:
@@ -110,16 +109,19 @@ def scored(results: list[InferenceResult]) -> list[str]:
 
 
 async def test_a_failing_path_loses_its_traffic_and_wins_it_back(
-    weighted: Settings, light: LightServer
+    weighted: Stack, light: LightServer
 ) -> None:
-    settings = weighted
+    settings = weighted.settings
+    asked = 0
     board = RouteBoard(settings.redis.client(), settings.redis.key_prefix)
     async with LanewayClient(settings.kafka, client_id="weights") as client:
         healthy = scored(await ask_many(client, 8))
+        asked += 8
         assert len(healthy) >= 3 and set(healthy) == {"light"}, healthy
 
         light.stop()
         failing = scored(await ask_many(client, 20))
+        asked += 20
         # Within 20 requests the router stops choosing light on its score.
         assert len(failing) >= 8 and "light" not in failing[-4:], failing
         stats = await board.refresh()
@@ -129,6 +131,7 @@ async def test_a_failing_path_loses_its_traffic_and_wins_it_back(
         # Exploration keeps sampling light; each success heals its record.
         for _ in range(15):  # bounded: at most 150 requests
             await ask_many(client, 10)
+            asked += 10
             stats = await board.refresh()
             if stats[AnswerPath.LIGHT].success_rate >= settings.routing.min_success_rate:
                 break
@@ -139,7 +142,17 @@ async def test_a_failing_path_loses_its_traffic_and_wins_it_back(
         back: list[str] = []
         for _ in range(4):  # bounded: at most 40 requests
             back += scored(await ask_many(client, 10))
+            asked += 10
             if len(back) >= 4 and set(back[-4:]) == {"light"}:
                 break
         assert len(back) >= 4 and set(back[-4:]) == {"light"}, (back, await board.refresh())
+    # The router's /metrics counts every event it folded: at least one
+    # result per request asked (the failed attempts come on top).
+    folded = 0.0
+    for _ in range(60):  # bounded: 30 s for the loop's last batches
+        folded = weighted.metric_total("laneway_quality_events_total", "router")
+        if folded >= asked:
+            break
+        await asyncio.sleep(0.5)
+    assert folded >= asked, (folded, asked)
     print(f"\nscored choices: healthy {healthy}; failing {failing}; recovered {back}")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+
+import pytest
 
 from schemas.messages import AnswerPath, InferenceResult
 from streams.bench.classifier import (
@@ -11,8 +14,10 @@ from streams.bench.classifier import (
     cpu_seconds,
     expected_kind,
     format_rows,
+    lag_figures,
     phase_requests,
 )
+from streams.bench.lag import pace
 from streams.cli.main import build_parser
 
 
@@ -53,3 +58,33 @@ def test_cpu_seconds_of_this_process() -> None:
 def test_the_command_line_reaches_it() -> None:
     args = build_parser().parse_args(["bench", "classifier", "-n", "5000"])
     assert args.mode == "classifier" and args.requests == 5000
+
+
+def test_a_share_of_the_requests_carries_a_batch_id_evenly_spread() -> None:
+    bodies = phase_requests("rules", 100, "t", batch_share=0.1)
+    batched = [i for i, b in enumerate(bodies) if "batch_id" in b]
+    assert len(batched) == 10 and {bodies[i]["batch_id"] for i in batched} == {"t-batch"}
+    assert all(b - a == 10 for a, b in itertools.pairwise(batched))
+    assert not any("batch_id" in b for b in phase_requests("rules", 50, "t"))
+    assert all("batch_id" in b for b in phase_requests("exact", 7, "t", batch_share=1.0))
+
+
+def test_a_follower_pace_is_its_time_to_catch_up_over_the_classifiers() -> None:
+    assert pace(4.0, 0.8) == 1.2
+    assert pace(4.0, -0.01) == 1.0  # done before the last reply was read
+    assert pace(4.0, None) is None and pace(0.0, 1.0) is None
+    row = PhaseRow("this", "rules", 100, 100, 100, 2.0, router_behind_s=0.5)
+    assert row.router_pace == 1.25 and row.tracker_pace is None
+    line = format_rows([row]).splitlines()[-1]
+    assert line.split()[-2:] == ["1.25", "-"]
+    figures = lag_figures([row])
+    assert figures["rules_router_pace"].value == 1.25
+    assert figures["rules_tracker_pace"].value is None
+
+
+def test_the_batch_share_is_checked_on_the_command_line() -> None:
+    args = build_parser().parse_args(["bench", "classifier", "--lag", "--batch-share", "0.25"])
+    assert args.lag and args.batch_share == 0.25
+    for bad in ("1.5", "-0.1", "some"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", "classifier", "--batch-share", bad])
