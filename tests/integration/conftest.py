@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from unittest import mock
 
@@ -33,6 +33,8 @@ from streams.devstack.embedded import EmbeddedRedis, free_port
 from streams.devstack.supervisor import Stack
 from streams.rules.rulefile import EXAMPLE_RULES_FILE
 from workers.lane_worker import LaneWorker
+
+from .servers import LocalHttpServer
 
 # The stack's rule file: the shipped example, copied so a test can edit it
 # (hot reload). Written by the ``stack`` fixture before the stack starts.
@@ -218,23 +220,19 @@ class OtlpReceiver:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._server = LocalHttpServer(Handler)
 
     @property
     def endpoint(self) -> str:
         """The base URL, as ``LANEWAY_TRACING_OTLP_ENDPOINT`` takes it."""
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def of_trace(self, trace_id: str) -> list[tuple[str, Span]]:
         """``(service.name, span)`` of every span received of ``trace_id``."""
         return [(name, s) for name, s in list(self.spans) if s.trace_id.hex() == trace_id]
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,10 @@ import contextlib
 import json
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from streams.devstack.embedded import wait_for_port
@@ -46,3 +48,23 @@ def _warm(base_url: str) -> None:
     )
     with urllib.request.urlopen(request, timeout=60) as response:
         response.read()
+
+
+class LocalHttpServer:
+    """A real HTTP server on a free local port, serving ``handler`` from a
+    thread of its own until ``close``."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

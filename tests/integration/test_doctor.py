@@ -21,13 +21,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -40,7 +39,7 @@ from streams.rollout import state
 from streams.routing.registry import load_registry
 
 from .conftest import own_stack, produce_to_lane, read_topic
-from .servers import llama_cpp_server
+from .servers import LocalHttpServer, llama_cpp_server
 
 REGISTRY = """\
 models:
@@ -93,18 +92,14 @@ class SlowProxy:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._server = LocalHttpServer(Handler)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        return f"{self._server.url}/v1"
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
 
 @pytest.fixture(scope="module")
