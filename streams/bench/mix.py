@@ -6,13 +6,17 @@ Alongside, the same rule is timed as a direct in-process call of the
 classifier's decision, so the cost of the trip through Kafka is a ratio
 measured in the same run on the same machine. ``--stream`` sends every
 request with ``stream: true`` and puts the time to first token beside the
-total.
+total. The stack's Redis is read before and after (``INFO commandstats``):
+the commands per request every process spent, background timers included,
+what a Redis capacity plan starts from.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import time
+from collections import Counter
 
 from schemas.settings import Settings
 from streams.bench.drive import (
@@ -41,9 +45,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+SETTLE_S = 3.0
+"""How long after the last answer the Redis count waits for the writes
+that follow an answer (quality events folded, cache entries)."""
+
+
+def redis_commands(settings: Settings) -> dict[str, int] | None:
+    """Calls per command on the stack's Redis so far (``INFO commandstats``),
+    or ``None`` where it cannot be read (a cluster, or Redis away)."""
+    if settings.redis.cluster:
+        return None
+    import redis
+
+    client = redis.Redis.from_url(settings.redis.url, socket_timeout=5)
+    try:
+        stats = client.info("commandstats")
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+    return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
+
+
 def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     with stack_for(settings, args.embedded, args.realtime_workers, args.log_file) as running:
         requests = mixed_workload(args.requests, args.max_tokens)
+        before = redis_commands(running)
         samples, started, lost = asyncio.run(
             drive(
                 running,
@@ -54,6 +81,8 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
                 stream=args.stream,
             )
         )
+        time.sleep(SETTLE_S)  # the quality loop's and the workers' writes after the answers
+        after = redis_commands(running)
     rows = summarize(samples, started)
     print(
         f"\nlaneway bench mix: {len(requests)} requests, concurrency {args.concurrency}, "
@@ -90,6 +119,19 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
             f"the same rule: {direct:.4f} ms; ratio {ratio:,.0f}x"
         )
         figures["rules_kafka_ratio"] = Figure(ratio, "x", "rules p50 through Kafka / direct")
+    if before is not None and after is not None:
+        spent = Counter(after)
+        spent.subtract(before)
+        total = sum(spent.values())
+        per_request = total / max(len(requests), 1)
+        top = ", ".join(f"{name} {n / len(requests):.1f}" for name, n in spent.most_common(6))
+        print(
+            f"Redis commands per request: {per_request:.1f} (the stack's whole Redis, "
+            f"background timers included; most: {top})"
+        )
+        figures["redis_commands_per_request"] = Figure(
+            round(per_request, 1), "commands", "Redis commands per request, every process"
+        )
     print(f"lost requests: {lost}")
     figures["lost"] = Figure(lost, "requests", "requests that got no answer")
     return BenchRun(1 if lost else 0, figures)
