@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+IDLE_S = 3.0
+"""How long the stack's Redis is watched with no traffic, for its own pace."""
+
 SETTLE_S = 3.0
 """How long after the last answer the Redis count waits for the writes
 that follow an answer (quality events folded, cache entries)."""
@@ -70,7 +73,10 @@ def redis_commands(settings: Settings) -> dict[str, int] | None:
 def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     with stack_for(settings, args.embedded, args.realtime_workers, args.log_file) as running:
         requests = mixed_workload(args.requests, args.max_tokens)
+        idle_from = redis_commands(running)
+        time.sleep(IDLE_S)  # the stack's own pace (heartbeats, boards, timers), no traffic
         before = redis_commands(running)
+        begun = time.monotonic()
         samples, started, lost = asyncio.run(
             drive(
                 running,
@@ -83,6 +89,7 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
         )
         time.sleep(SETTLE_S)  # the quality loop's and the workers' writes after the answers
         after = redis_commands(running)
+        elapsed = time.monotonic() - begun
     rows = summarize(samples, started)
     print(
         f"\nlaneway bench mix: {len(requests)} requests, concurrency {args.concurrency}, "
@@ -92,7 +99,9 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     print(format_table(rows))
     figures: dict[str, Figure] = {}
     for row in rows:
-        name = f"{row.lane}_{row.path}" if row.lane != "all" else "all"
+        # A request refused before it had a lane or a path is shown as "-": "none".
+        lane, path = (part if part != "-" else "none" for part in (row.lane, row.path))
+        name = f"{lane}_{path}" if row.lane != "all" else "all"
         figures[f"{name}_p50_ms"] = Figure(row.p50_ms, "ms", f"{row.lane} {row.path} p50")
         figures[f"{name}_p99_ms"] = Figure(row.p99_ms, "ms", f"{row.lane} {row.path} p99")
         figures[f"{name}_rps"] = Figure(
@@ -119,18 +128,22 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
             f"the same rule: {direct:.4f} ms; ratio {ratio:,.0f}x"
         )
         figures["rules_kafka_ratio"] = Figure(ratio, "x", "rules p50 through Kafka / direct")
-    if before is not None and after is not None:
+    if idle_from is not None and before is not None and after is not None:
+        idle_rate = (sum(before.values()) - sum(idle_from.values())) / IDLE_S
         spent = Counter(after)
         spent.subtract(before)
-        total = sum(spent.values())
-        per_request = total / max(len(requests), 1)
+        traffic = sum(spent.values()) - idle_rate * elapsed
+        per_request = traffic / max(len(requests), 1)
         top = ", ".join(f"{name} {n / len(requests):.1f}" for name, n in spent.most_common(6))
         print(
-            f"Redis commands per request: {per_request:.1f} (the stack's whole Redis, "
-            f"background timers included; most: {top})"
+            f"Redis commands per request: {per_request:.1f} (every process, less the "
+            f"{idle_rate:.0f} commands/s the idle stack spends; most: {top})"
         )
         figures["redis_commands_per_request"] = Figure(
             round(per_request, 1), "commands", "Redis commands per request, every process"
+        )
+        figures["redis_idle_commands_per_s"] = Figure(
+            round(idle_rate), "commands/s", "Redis commands per second of the idle stack"
         )
     print(f"lost requests: {lost}")
     figures["lost"] = Figure(lost, "requests", "requests that got no answer")
