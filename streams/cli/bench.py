@@ -84,8 +84,18 @@ def _add_result_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command_line(argv: list[str]) -> str:
-    """The command as a person would type it again."""
-    return shlex.join(["laneway", *argv])
+    """The command as a person would type it again to measure the same
+    (where the result file goes is left out: ``--save``, ``--result PATH``)."""
+    words: list[str] = []
+    rest = iter(argv)
+    for word in rest:
+        if word == "--save" or word.startswith("--result="):
+            continue
+        if word == "--result":
+            next(rest, None)
+            continue
+        words.append(word)
+    return shlex.join(["laneway", *words])
 
 
 def cmd(args: argparse.Namespace) -> int:

@@ -111,3 +111,13 @@ def test_a_result_that_breaks_the_schema_is_not_written(
     with pytest.raises(InvalidResult):
         write_result(tmp_path / "r.json", result)
     assert not (tmp_path / "r.json").exists()
+
+
+def test_the_recorded_command_measures_the_same_without_saying_where_it_went() -> None:
+    from streams.cli.bench import command_line
+
+    argv = ["bench", "mix", "--embedded", "-n", "120", "--save"]
+    assert command_line(argv) == "laneway bench mix --embedded -n 120"
+    argv = ["bench", "gateway", "--result", "out dir/r.json", "--seconds", "8"]
+    assert command_line(argv) == "laneway bench gateway --seconds 8"
+    assert command_line(["bench", "router", "--result=r.json"]) == "laneway bench router"
