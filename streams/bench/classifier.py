@@ -567,6 +567,11 @@ def measure(
         for r in rows
         if r.label == "this"
     }
+    for r in rows:
+        if r.label == "this" and r.cpu_us is not None:
+            figures[f"{r.phase}_cpu_us"] = Figure(
+                round(r.cpu_us), "us", f"{r.phase}: the classifier's CPU per request"
+            )
     if with_lag:
         figures.update(lag_figures([r for r in rows if r.label == "this"]))
     late = with_lag and any(
