@@ -123,14 +123,25 @@ class BatchApi:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    async def _result_file(
+        self, tenant: str, file_id: str
+    ) -> tuple[str, str, BatchJob, bytes] | None:
+        """``(batch id, kind, job, content)`` when ``file_id`` names a batch's
+        output or error file (404 unless it is the tenant's and final);
+        ``None`` when it names an upload."""
+        found = result_file_of(file_id)
+        if found is None:
+            return None
+        batch_id, kind = found
+        record, job = await self._final_job(tenant, file_id, batch_id, kind)
+        return batch_id, kind, job, await self._result_bytes(record, job, kind)
+
     async def file(self, request: web.Request) -> web.Response:
         tenant = self._tenant_of(request)
         file_id = request.match_info["file_id"]
-        found = result_file_of(file_id)
-        if found is not None:
-            batch_id, kind = found
-            record, job = await self._final_job(tenant, file_id, batch_id, kind)
-            body = await self._result_bytes(record, job, kind)
+        result = await self._result_file(tenant, file_id)
+        if result is not None:
+            batch_id, kind, job, body = result
             return web.json_response(
                 {
                     "id": file_id,
@@ -152,11 +163,9 @@ class BatchApi:
     async def file_content(self, request: web.Request) -> web.Response:
         tenant = self._tenant_of(request)
         file_id = request.match_info["file_id"]
-        found = result_file_of(file_id)
-        if found is not None:
-            batch_id, kind = found
-            record, job = await self._final_job(tenant, file_id, batch_id, kind)
-            body = await self._result_bytes(record, job, kind)
+        result = await self._result_file(tenant, file_id)
+        if result is not None:
+            body = result[3]
         else:
             content = await self.files.content(tenant, file_id)
             if content is None:
