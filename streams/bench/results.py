@@ -34,6 +34,7 @@ __all__ = [
     "cpu_info",
     "cpu_slug",
     "git_commit",
+    "load_average",
     "repo_root",
     "result_name",
     "validate_result",
@@ -110,6 +111,15 @@ def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     }
 
 
+def load_average() -> list[float] | None:
+    """The machine's load average over 1, 5 and 15 minutes (``None`` where
+    the platform has none): a figure from a busy machine says so."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def cpu_slug(cpu: Mapping[str, Any]) -> str:
     """The CPU model lower-cased, non-alphanumerics as ``-``; with
     ``-f<family>m<model>`` when the model string names no model number
@@ -156,8 +166,10 @@ def build_result(
     now: datetime | None = None,
     commit: str | None = None,
     cpu: Mapping[str, Any] | None = None,
+    load: Mapping[str, list[float] | None] | None = None,
 ) -> dict[str, Any]:
-    """The result file's content for ``run`` of mode ``benchmark``."""
+    """The result file's content for ``run`` of mode ``benchmark``;
+    ``load``: the load average when the run began and ended."""
     when = (now or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
     result: dict[str, Any] = {
         "schema": RESULT_SCHEMA,
@@ -182,6 +194,8 @@ def build_result(
             }
             for name, s in run.series.items()
         }
+    if load is not None and all(load.get(when) is not None for when in ("before", "after")):
+        result["load"] = {when: load[when] for when in ("before", "after")}
     if run.notes:
         result["notes"] = run.notes
     return result

@@ -102,6 +102,7 @@ def cmd(args: argparse.Namespace) -> int:
     from streams.bench.results import (
         InvalidResult,
         build_result,
+        load_average,
         repo_root,
         result_name,
         write_result,
@@ -111,10 +112,13 @@ def cmd(args: argparse.Namespace) -> int:
     module = _mode(args.mode)
     if getattr(module, "STARTS_STACK", False) or getattr(args, "embedded", False):
         args.log_file = quiet(settings, args)  # the stacks it starts log to a file
+    before = load_average()
     run = module.run(settings, args)
     if args.result is None and not args.save:
         return run.exit_code
-    result = build_result(args.mode, command_line(getattr(args, "argv", sys.argv[1:])), run)
+    load = {"before": before, "after": load_average()}
+    command = command_line(getattr(args, "argv", sys.argv[1:]))
+    result = build_result(args.mode, command, run, load=load)
     path = args.result or repo_root() / "benchmarks" / "results" / result_name(result)
     try:
         write_result(path, result)

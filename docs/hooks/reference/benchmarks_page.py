@@ -194,8 +194,12 @@ def _benchmark_section(
         lines += [f'??? note "Older runs of `{benchmark}`"', ""]
         lines += ["    " + line for line in _table(older, with_command)] + [""]
     for run in latest:
-        if run.data.get("notes"):
-            lines += [f"- **{run.cpu_name}**: {' '.join(str(run.data['notes']).split())}"]
+        said = [" ".join(str(run.data["notes"]).split())] if run.data.get("notes") else []
+        if run.data.get("load"):
+            before, after = run.data["load"]["before"][0], run.data["load"]["after"][0]
+            said.append(f"load average (1 min) {before:g} before the run, {after:g} after it.")
+        if said:
+            lines += [f"- **{run.cpu_name}**: {' '.join(said)}"]
     lines.append("")
     figures: dict[str, bytes] = {}
     names = [name for run in latest for name in run.data.get("series", {})]

@@ -19,6 +19,7 @@ from streams.bench.results import (
     cpu_info,
     cpu_slug,
     git_commit,
+    load_average,
     result_name,
     validate_result,
     write_result,
@@ -82,8 +83,10 @@ def test_a_result_is_named_by_mode_date_cpu_and_commit_and_validates(tmp_path: P
         now=datetime(2026, 12, 7, 19, 30, 5, 123, tzinfo=UTC),
         commit="3c672e1abc-dirty",
         cpu={"model": "Intel(R) Xeon(R) Processor", "family": 6, "model_number": 167, "cores": 2},
+        load={"before": [0.5, 0.4, 0.3], "after": [1.9, 0.8, 0.4]},
     )
     assert result["date"] == "2026-12-07T19:30:05Z"
+    assert result["load"] == {"before": [0.5, 0.4, 0.3], "after": [1.9, 0.8, 0.4]}
     assert result["series"]["latency_vs_load"]["points"] == [[50, 12.0], [100, None]]
     assert result_name(result) == Path(
         "pipeline/2026-12-07-intel-r-xeon-r-processor-f6m167-3c672e1.json"
@@ -100,6 +103,7 @@ def test_a_result_is_named_by_mode_date_cpu_and_commit_and_validates(tmp_path: P
         ({"figures": {"Bad Name": {"value": 1, "unit": "", "label": ""}}}, "snake_case"),
         ({"figures": {"ok": {"value": "fast", "unit": "", "label": ""}}}, "figures"),
         ({"cpu": {"model": "x"}}, "cpu"),
+        ({"load": {"before": [1.0], "after": [1.0, 1.0, 1.0]}}, "load"),
     ],
 )
 def test_a_result_that_breaks_the_schema_is_not_written(
@@ -111,6 +115,13 @@ def test_a_result_that_breaks_the_schema_is_not_written(
     with pytest.raises(InvalidResult):
         write_result(tmp_path / "r.json", result)
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_run_records_how_busy_the_machine_was_where_it_can() -> None:
+    load = load_average()
+    assert load is None or (len(load) == 3 and all(x >= 0 for x in load))
+    unknown = build_result("mix", "laneway bench mix", RUN, load={"before": None, "after": load})
+    assert "load" not in unknown, "a half-known load is left out, not written half"
 
 
 def test_the_recorded_command_measures_the_same_without_saying_where_it_went() -> None:
