@@ -4,8 +4,9 @@ Kafka producers wrote to is counted from what the tracker sees."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import redis.asyncio as aioredis
 from schemas.jobs import BatchCounts, BatchJob, BatchJobStatus
 from schemas.messages import RequestLimits
 from streams.jobs.jsonl import parse_jsonl
+from streams.jobs.liveness import TRACKER_KEY, tracker_alive, tracker_beats, tracker_gone
 from streams.jobs.store import JobStore
 
 S = BatchJobStatus
@@ -161,3 +163,48 @@ async def test_waiting_on_a_job_nobody_counts_ends_after_its_window(redis_url: s
         await redis.aclose()
     assert seen.id == job.id and not seen.final
     assert "is the job tracker running" in out.getvalue()
+
+
+async def test_a_tracker_replica_that_stops_leaves_the_others_alive(
+    redis_client: aioredis.Redis, prefix: str
+) -> None:
+    """Two trackers beat; the one that stops cleanly withdraws its own card
+    only, so a job can still be submitted; once the last stops, none is."""
+    assert not await tracker_alive(redis_client, prefix)
+    beating = [
+        asyncio.create_task(tracker_beats(redis_client, prefix, 0.2, card=card))
+        for card in ("tracker-a", "tracker-b")
+    ]
+    try:
+        await _until(
+            lambda: redis_client.zcard(f"{prefix}:{TRACKER_KEY}"), 2, "both trackers' first beats"
+        )
+        assert await tracker_alive(redis_client, prefix)
+        beating[0].cancel()
+        await tracker_gone(redis_client, prefix, card="tracker-a")
+        assert await tracker_alive(redis_client, prefix), "tracker-b still beats"
+    finally:
+        beating[1].cancel()
+        await asyncio.gather(*beating, return_exceptions=True)
+    await tracker_gone(redis_client, prefix, card="tracker-b")
+    assert not await tracker_alive(redis_client, prefix)
+
+
+async def test_a_tracker_that_died_without_a_word_reads_as_gone_after_three_beats(
+    redis_client: aioredis.Redis, prefix: str
+) -> None:
+    beat = asyncio.create_task(tracker_beats(redis_client, prefix, 0.1, card="killed"))
+    await _until(lambda: tracker_alive(redis_client, prefix), True, "the tracker's first beat")
+    beat.cancel()  # as SIGKILL would: no withdrawal
+    await asyncio.gather(beat, return_exceptions=True)
+    # its card expires 0.3 s after its last beat
+    await _until(lambda: tracker_alive(redis_client, prefix), False, "the silent card to expire")
+
+
+async def _until(read: Callable[[], Awaitable[object]], want: object, what: str) -> None:
+    """Poll ``read`` until it gives ``want``, for at most 5 s."""
+    for _ in range(250):
+        if await read() == want:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"waited 5 s for {what}")
