@@ -28,6 +28,10 @@ TRACKER_KEY = "batch-trackers"
 """Under the Redis key prefix: ``<prefix>:batch-trackers``, a sorted set of
 the trackers' cards by the time (ms) their beat expires."""
 
+OLD_TRACKER_KEY = "batch-tracker"
+"""The one plain key trackers before replicas set (with a TTL): still read,
+so a CLI upgraded before its stack's trackers finds them alive."""
+
 
 def _key(prefix: str) -> str:
     return f"{prefix}:{TRACKER_KEY}"
@@ -65,7 +69,11 @@ async def tracker_beats(
 async def tracker_alive(redis: Any, prefix: str) -> bool:
     """Whether some tracker has beaten within its last three beats. Redis
     errors propagate: the caller says it cannot reach Redis."""
-    return bool(await redis.zcount(_key(prefix), _now_ms(), "+inf"))
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zcount(_key(prefix), _now_ms(), "+inf")
+        pipe.exists(f"{prefix}:{OLD_TRACKER_KEY}")
+        current, old = await pipe.execute()
+    return bool(current or old)
 
 
 async def tracker_gone(redis: Any, prefix: str, card: str | None = None) -> None:

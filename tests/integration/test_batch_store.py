@@ -208,3 +208,10 @@ async def _until(read: Callable[[], Awaitable[object]], want: object, what: str)
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"waited 5 s for {what}")
+
+
+async def test_a_tracker_from_before_replicas_still_reads_as_alive(
+    redis_client: aioredis.Redis, prefix: str
+) -> None:
+    await redis_client.set(f"{prefix}:batch-tracker", "{}", px=2_000)
+    assert await tracker_alive(redis_client, prefix)
