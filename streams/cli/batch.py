@@ -86,13 +86,20 @@ def _submit(settings: Settings, args: argparse.Namespace) -> int:
         print(f"laneway batch submit: {exc}", file=sys.stderr)
         return 2
 
-    if args.wait:
-        # Before anything is written: a job on a Redis where no tracker counts
-        # its results would be waited on for its whole window.
-        missing = asyncio.run(missing_tracker(settings))
-        if missing is not None:
-            print(f"laneway batch submit --wait: {missing}", file=sys.stderr)
-            return NOT_ALIVE
+    # Before anything is written: a job on a Redis where no tracker counts
+    # its results would be waited on for its whole window. Without --wait
+    # it is submitted anyway (a tracker started later still counts it), but
+    # the person submitting it is told.
+    missing = asyncio.run(missing_tracker(settings))
+    if missing is not None and args.wait:
+        print(f"laneway batch submit --wait: {missing}", file=sys.stderr)
+        return NOT_ALIVE
+    if missing is not None:
+        print(
+            f"laneway batch submit: warning: {missing}; the job is submitted, and a tracker "
+            "started later counts it",
+            file=sys.stderr,
+        )
 
     def progress(job: BatchJob) -> None:
         if args.wait and not args.json and sys.stderr.isatty():

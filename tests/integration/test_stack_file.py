@@ -81,6 +81,24 @@ def test_submit_wait_on_a_redis_with_no_tracker_fails_fast_and_writes_nothing(
     assert redis.Redis.from_url(other_redis.url).dbsize() == 0, "no job was written there"
 
 
+def test_submit_without_wait_where_no_tracker_counts_is_submitted_with_a_warning(
+    stack: Stack, other_redis: EmbeddedRedis, tmp_path: Path
+) -> None:
+    done = laneway(
+        "batch",
+        "submit",
+        str(jobs_file(tmp_path, 2)),
+        LANEWAY_KAFKA_BOOTSTRAP=stack.settings.kafka.bootstrap,
+        LANEWAY_REDIS_URL=other_redis.url,
+        LANEWAY_STACK_FILE=str(tmp_path / "no-stack.json"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "warning: no batch tracker is alive on the Redis at" in done.stderr
+    assert "a tracker started later counts it" in done.stderr
+    assert done.stdout.strip().startswith("batch_"), done.stdout
+    assert redis.Redis.from_url(other_redis.url).dbsize() > 0, "the job was written"
+
+
 def test_ask_on_a_redis_with_no_worker_fails_fast(
     stack: Stack, other_redis: EmbeddedRedis, tmp_path: Path
 ) -> None:
