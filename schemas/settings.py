@@ -56,19 +56,30 @@ class KafkaSettings(BaseSettings):
     partitions: int = Field(default=4, ge=1)
     """Partitions of the request, lane and output topics (and faust's changelogs)."""
     replication_factor: int = Field(default=1, ge=1)
+    """Replication factor of the topics laneway creates (`laneway topics`): 1 on
+    the embedded broker; 3 on a production Kafka cluster."""
     enable_idempotence: bool = False
     """Idempotent producer. On for Apache Kafka; Tansu's memory engine rejects
     InitProducerId, so the embedded default keeps it off."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How the Kafka clients connect: PLAINTEXT, SSL, SASL_PLAINTEXT or
+    SASL_SSL (aiokafka's ``security_protocol``)."""
     sasl_mechanism: str | None = None
+    """SASL mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) for the SASL
+    protocols; unset: none."""
     sasl_username: str | None = None
+    """SASL user name, with ``sasl_password``."""
     sasl_password: SecretStr | None = None
+    """SASL password; kept out of logs and reprs."""
     ssl_cafile: str | None = None
     """CA bundle for SSL/SASL_SSL; the system's trust store when unset."""
     ssl_certfile: str | None = None
     """Client certificate (mutual TLS)."""
     ssl_keyfile: str | None = None
+    """Client private key for SSL client authentication, with ``ssl_certfile``."""
     request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    """How long a Kafka request (metadata, fetch, produce) may take before the
+    client gives up on it and retries (aiokafka's ``request_timeout_ms``)."""
     produce_timeout_ms: int = Field(default=5_000, ge=1_000)
     """How long a worker's produce waits for its acknowledgement before it
     fails and ``deliver`` sends the record again (a duplicate at worst, which
@@ -188,6 +199,8 @@ class RateLimitSettings(BaseSettings):
     model_config = _config("LANEWAY_RATELIMIT_")
 
     enabled: bool = True
+    """Per-tenant rate limits in the classifier (token buckets in Redis);
+    false: no request is refused for its rate."""
     default: TenantLimit = TenantLimit(rps=50.0, burst=100)
     """Limit of a tenant not listed in ``tenants`` (and of requests without one)."""
     tenants: dict[str, TenantLimit] = Field(default_factory=dict)
@@ -205,6 +218,8 @@ class FlowSettings(BaseSettings):
     model_config = _config("LANEWAY_FLOW_")
 
     enabled: bool = True
+    """Degradation under load: false keeps every request on its lane and path
+    whatever the backlog."""
     enter: tuple[int, int, int] = (32, 64, 128)
     """Records waiting on the lanes at which levels 1, 2 and 3 begin."""
     exit: tuple[int, int, int] = (16, 32, 64)
@@ -213,7 +228,10 @@ class FlowSettings(BaseSettings):
     """p95 latency of the realtime or medium lane (from the quality stream) at
     which levels 1, 2 and 3 begin; the higher of the two pressures sets the level."""
     p95_exit_ms: tuple[int, int, int] = (5_000, 10_000, 20_000)
+    """p95 latency below which a level may be left (after ``hold_s``), per level."""
     hold_s: float = Field(default=5.0, ge=0)
+    """How long a load level holds before it may be left, so the system does
+    not flap at a threshold."""
     interval_s: float = Field(default=1.0, gt=0)
     """How often workers report their backlog (at least: they also report
     when a batch starts or ends) and the classifier re-reads it for its load
@@ -222,6 +240,8 @@ class FlowSettings(BaseSettings):
     """How often the classifier re-reads the realtime lane's backlog for its
     gate (``RealtimeGate``); between reads it estimates."""
     shed_retry_after_ms: int = Field(default=5_000, ge=1)
+    """The ``retry_after_ms`` of a request shed under load (INF-429): when the
+    client should ask again."""
     realtime_max_backlog: int | None = Field(default=16, ge=1)
     """Realtime model requests waiting on the realtime lane at which new ones
     are refused at once (INF-429, ``realtime_retry_after_ms``) instead of
@@ -253,6 +273,8 @@ class FlowSettings(BaseSettings):
     ``realtime_max_batches`` is kept for the requests that asked for
     realtime. ``None``: they spill only when the lane is full."""
     realtime_retry_after_ms: int = Field(default=1_000, ge=1)
+    """The ``retry_after_ms`` of a realtime model request refused at one of the
+    realtime marks (INF-429)."""
     realtime_steer: bool = True
     """Write each realtime model request to a partition of the realtime
     worker with the most room that serves its path, and judge the marks
@@ -336,8 +358,11 @@ class LimitsSettings(BaseSettings):
     max_text_bytes: int = Field(default=64 * 1024, ge=1)
     """Largest prompt (or sum of message contents) in UTF-8 bytes."""
     max_tokens_min: int = Field(default=1, ge=1)
+    """Smallest ``max_tokens`` a request may ask for."""
     max_tokens_max: int = Field(default=4096, ge=1)
+    """Largest ``max_tokens`` a request may ask for; more is INF-400."""
     max_id_chars: int = Field(default=128, ge=1)
+    """Longest request id accepted; a longer one is INF-400."""
     max_record_bytes: int = Field(default=256 * 1024, ge=1024)
     """Records larger than this are refused before JSON decoding."""
     tenant_reply_topics: bool = False
@@ -363,12 +388,16 @@ class RoutingSettings(BaseSettings):
     realtime_max_deadline_ms: int = Field(default=3_000, ge=1)
     """A request whose deadline is at most this goes to the realtime lane."""
     rules_enabled: bool = True
+    """Answer from the rule book in the classifier; false: rules never answer
+    (every request goes to the cache and the models)."""
     deep_dialogue: int = Field(default=6, ge=0)
     """Conversations longer than this many turns are at least moderately complex."""
     tenant_tiers: dict[str, Literal["free", "standard", "premium"]] = Field(default_factory=dict)
     """Tier per tenant (``{"acme": "premium"}``); premium work rides the realtime lane."""
     w_lat: float = Field(default=0.4, ge=0)
+    """Weight of the normalised latency in the router's score (the formula at ``w_fail``)."""
     w_cost: float = Field(default=0.3, ge=0)
+    """Weight of the normalised cost in the router's score (the formula at ``w_fail``)."""
     w_fail: float = Field(default=0.3, ge=0)
     """``score = w_lat*latency_norm + w_cost*cost_norm + w_fail*(1-success_rate)``; lowest wins."""
     min_success_rate: float = Field(default=0.8, ge=0, le=1)
@@ -470,7 +499,11 @@ class CacheSettings(BaseSettings):
     model_config = _config("LANEWAY_CACHE_")
 
     enabled: bool = True
+    """Answer repeated questions from the Redis response cache (exact, and
+    semantic by embedding); false: the cache is neither read nor written."""
     ttl_s: int = Field(default=86_400, ge=1)
+    """Lifetime of a cached answer (one day); answers about a moving time get
+    ``relative_time_ttl_s``."""
     relative_time_ttl_s: int = Field(default=3_600, ge=1)
     """Lifetime of an answer to a question about a time that moves on
     ("today", "tomorrow", "now", "the latest", "this week":
@@ -515,9 +548,13 @@ class SessionSettings(BaseSettings):
     model_config = _config("LANEWAY_SESSION_")
 
     enabled: bool = True
+    """Keep conversation history per ``session_id`` in Redis, so a turn
+    carries the turns before it."""
     max_tokens: int = Field(default=512, ge=0)
     """History kept per session, oldest turns trimmed first (estimated tokens)."""
     ttl_s: int = Field(default=3_600, ge=1)
+    """A session is forgotten this long after its last turn (each turn
+    refreshes it)."""
 
 
 class PrewarmSettings(BaseSettings):
@@ -551,6 +588,8 @@ class DriftSettings(BaseSettings):
     model_config = _config("LANEWAY_DRIFT_")
 
     enabled: bool = True
+    """Watch the request features for drift (PSI) against a baseline and emit
+    ``drift`` quality events."""
     baseline_size: int = Field(default=500, ge=10)
     """The first this many requests form the baseline distribution."""
     window: int = Field(default=500, ge=10)
@@ -558,6 +597,7 @@ class DriftSettings(BaseSettings):
     threshold: float = Field(default=0.2, gt=0)
     """PSI above which a drift quality event is emitted (0.1 minor, 0.25 major)."""
     interval_s: float = Field(default=30.0, gt=0)
+    """How often the classifier compares the recent window with the baseline."""
 
 
 class BackendSettings(BaseSettings):
@@ -566,15 +606,24 @@ class BackendSettings(BaseSettings):
     model_config = _config("LANEWAY_BACKEND_")
 
     light: BackendName = "llamacpp"
+    """Backend kind of the built-in registry's light path (one of
+    ``schemas.backends.BACKEND_KINDS``)."""
     light_model: str = "smollm2-135m"
+    """The light path's model: a wheel model's name (``smollm2-135m``,
+    ``gemma3-270m``), a ``.gguf`` file, or the served model's name for the
+    openai and vllm backends."""
     heavy: BackendName = "llamacpp"
+    """Backend kind of the built-in registry's heavy path."""
     heavy_model: str = "gemma3-270m"
+    """The heavy path's model, named as ``light_model``."""
     model_dir: Path = Path.home() / ".cache" / "laneway" / "models"
     """Where models assembled from wheels (Gemma's chunks) are written once."""
     n_threads: int = Field(default=1, ge=1)
     """llama.cpp threads per model. Three lane workers share the machine: on 2
     cores, 1 thread each gave 3x the throughput of 2 each (``laneway bench``)."""
     n_ctx: int = Field(default=2048, ge=256)
+    """Context length per sequence, in tokens (prompt plus answer); a prompt
+    that leaves no room to answer is INF-400."""
     system_prompt: str = "You are a helpful assistant. Answer briefly and accurately."
     """Put in front of requests that bring no system message of their own ("" = none)."""
     repeat_penalty: float = Field(default=1.1, ge=1.0, le=2.0)
@@ -603,7 +652,9 @@ class BackendSettings(BaseSettings):
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     """An OpenAI-compatible server, e.g. ``vllm serve`` or ``llama_cpp.server``."""
     openai_api_key: SecretStr = SecretStr("none")
+    """API key sent to the OpenAI-compatible server (``Authorization: Bearer``)."""
     openai_timeout_s: float = Field(default=60.0, gt=0)
+    """Longest an OpenAI-compatible server may take to answer one request."""
     vllm_gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
     """Share of the GPU's memory the in-process vLLM engine may take (weights +
     KV cache). 0.8 keeps 20% free for bursts, as the source article asks:
@@ -634,6 +685,8 @@ class BackendSettings(BaseSettings):
     breaker_failures: int = Field(default=5, ge=1)
     """Failed batches within ``breaker_window_s`` that open a backend's circuit."""
     breaker_window_s: float = Field(default=30.0, gt=0)
+    """Window over which failed batches are counted towards
+    ``breaker_failures``."""
     breaker_cooldown_s: float = Field(default=10.0, gt=0)
     """How long an open circuit waits before one probe batch is let through."""
     load_retry_s: float = Field(default=30.0, ge=0)
@@ -752,7 +805,11 @@ class TracingSettings(BaseSettings):
     otel_traces_endpoint: str | None = Field(
         default=None, validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
     )
+    """The OpenTelemetry standard variable: the full URL spans are POSTed to
+    (used when ``otlp_endpoint`` is unset)."""
     otel_endpoint: str | None = Field(default=None, validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT")
+    """The OpenTelemetry standard variable: a collector's base URL;
+    ``/v1/traces`` is added (used when the two above are unset)."""
     service_name: str = "laneway"
     """Stem of each process's ``service.name``: ``laneway-classifier``,
     ``laneway-worker-realtime``, ..."""
@@ -790,7 +847,11 @@ class Settings(BaseSettings):
     retry_backoff_ms: int = Field(default=500, ge=0)
     """First delay of a record parked on the retry topic; doubles per attempt."""
     retry_max_backoff_ms: int = Field(default=10_000, ge=0)
+    """Longest delay of a record parked on the retry topic (the doubling
+    stops here)."""
     http_host: str = "127.0.0.1"
+    """Address the process's ops HTTP server (metrics, health) listens on;
+    ``0.0.0.0`` in a container."""
     http_port: int = Field(default=9400, ge=0, le=65535)
     """Serves /metrics, /healthz and /readyz (0 disables)."""
     worker_heartbeat_s: float = Field(default=2.0, gt=0)
@@ -801,6 +862,7 @@ class Settings(BaseSettings):
     once-a-second heartbeat for this long (a wedged loop, not a busy model:
     model calls run in threads)."""
     log_level: str = "INFO"
+    """Python logging level of the process (DEBUG, INFO, WARNING, ERROR)."""
     log_format: Literal["text", "json"] = "text"
     """``json``: one JSON object per log line, for log shippers (``streams.devstack.logs``)."""
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
