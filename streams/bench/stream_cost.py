@@ -6,7 +6,10 @@ streamed, streamed, not streamed, streamed ... on one stack, through one
 kind of client. Each leg's throughput is the tokens its answers hold over
 its wall time; the figure is the streamed legs' tokens/s over the others',
 from the same run. The streamed legs also give the time to first token
-against the total latency.
+against the total latency: its share of the total depends on how long the
+answers run, so ``--prompts explain`` asks questions whose answers run to
+``max_tokens`` (the issue's "realtime light answers at max_tokens 64"), and
+every leg says how many tokens its answers averaged.
 """
 
 from __future__ import annotations
@@ -57,6 +60,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--path", choices=["light", "heavy"], default="heavy", help="which model answers"
     )
+    parser.add_argument(
+        "--prompts",
+        choices=sorted(PROMPT_SETS),
+        default="mixed",
+        help="mixed: two short questions to one that asks for an explanation; "
+        "explain: only questions whose answers run to max_tokens",
+    )
+
+
+EXPLAIN_PROMPTS = [
+    *HARD_PROMPTS,
+    "Explain how a rainbow forms.",
+    "Describe how bread rises when it is baked.",
+    "Explain how vaccines train the immune system.",
+    "Describe what causes the tides.",
+]
+
+PROMPT_SETS = {
+    "mixed": [*SIMPLE_PROMPTS, *HARD_PROMPTS[:2]],
+    "explain": EXPLAIN_PROMPTS,
+}
+"""The questions a leg asks, by ``--prompts``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,18 +101,29 @@ class Leg:
     def tokens_per_s(self) -> float:
         return self.tokens / max(self.seconds, 1e-9)
 
+    @property
+    def tokens_per_answer(self) -> float:
+        return self.tokens / max(self.answered, 1)
+
+    @property
+    def ttft_share(self) -> float | None:
+        """The time to first token's p50 over the total's p50."""
+        if self.ttft_p50_ms is None or self.p50_ms <= 0:
+            return None
+        return self.ttft_p50_ms / self.p50_ms
+
 
 def model_workload(
-    n: int, max_tokens: int, model: str = "heavy", lane: str = "medium"
+    n: int, max_tokens: int, model: str = "heavy", lane: str = "medium", prompts: str = "mixed"
 ) -> list[dict[str, Any]]:
     """``n`` requests for ``model`` (a path the registry names) on ``lane``,
-    two simple prompts to one hard, each asked once (numbered): no copy
-    shares another's decode, and the router's changing view of the paths
-    moves nothing between legs."""
-    prompts = [*SIMPLE_PROMPTS, *HARD_PROMPTS[:2]]
+    from the ``prompts`` set (``PROMPT_SETS``), each asked once (numbered):
+    no copy shares another's decode, and the router's changing view of the
+    paths moves nothing between legs."""
+    questions = PROMPT_SETS[prompts]
     return [
         {
-            "prompt": f"{prompts[i % len(prompts)]} (question {i + 1})",
+            "prompt": f"{questions[i % len(questions)]} (question {i + 1})",
             "max_tokens": max_tokens,
             "metadata": NO_CACHE,
             "model": model,
@@ -116,7 +152,7 @@ def leg_of(samples: list[Sample], started: float, lost: int, streamed: bool) -> 
 def format_legs(legs: list[Leg]) -> str:
     head = (
         f"{'leg':>3} {'streamed':>8} {'ok':>4} {'err':>4} {'lost':>4} {'tokens':>7} "
-        f"{'s':>7} {'tok/s':>7} {'p50 ms':>8} {'ttft p50':>9} {'tok/chunk':>9}"
+        f"{'s':>7} {'tok/s':>7} {'tok/ans':>7} {'p50 ms':>8} {'ttft p50':>9} {'tok/chunk':>9}"
     )
     lines = [head, "-" * len(head)]
     for i, leg in enumerate(legs, 1):
@@ -125,14 +161,14 @@ def format_legs(legs: list[Leg]) -> str:
         lines.append(
             f"{i:3d} {'yes' if leg.streamed else 'no':>8} {leg.answered:4d} {leg.errors:4d} "
             f"{leg.lost:4d} {leg.tokens:7d} {leg.seconds:7.1f} {leg.tokens_per_s:7.1f} "
-            f"{leg.p50_ms:8.1f} {ttft} {per_chunk}"
+            f"{leg.tokens_per_answer:7.1f} {leg.p50_ms:8.1f} {ttft} {per_chunk}"
         )
     return "\n".join(lines)
 
 
 async def _legs(settings: Settings, args: argparse.Namespace) -> list[Leg]:
     legs = []
-    workload = model_workload(args.requests, args.max_tokens, args.path, args.lane)
+    workload = model_workload(args.requests, args.max_tokens, args.path, args.lane, args.prompts)
     for _ in range(args.rounds):
         for streamed in (False, True):
             samples, started, lost = await drive(
@@ -153,8 +189,8 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     print(
         f"\nlaneway bench stream-cost: {args.requests} requests for {args.path} on "
         f"{args.lane} a leg, "
-        f"max_tokens {args.max_tokens}, concurrency {args.concurrency}, client {args.client}, "
-        f"{args.rounds} legs of each, alternated"
+        f"max_tokens {args.max_tokens}, prompts {args.prompts}, concurrency {args.concurrency}, "
+        f"client {args.client}, {args.rounds} legs of each, alternated"
     )
     print(format_legs(legs))
     plain = statistics.fmean(leg.tokens_per_s for leg in legs if not leg.streamed)
@@ -164,6 +200,20 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
         f"{streamed / max(plain, 1e-9):.1%}"
     )
     ttfts = [leg.ttft_p50_ms for leg in legs if leg.ttft_p50_ms is not None]
+    shares = [leg.ttft_share for leg in legs if leg.ttft_share is not None]
+    totals = [leg.p50_ms for leg in legs if leg.streamed and leg.answered]
+    ratios = [
+        leg.tokens_per_s / max(plain_leg.tokens_per_s, 1e-9)
+        for plain_leg, leg in zip(legs[::2], legs[1::2], strict=False)
+    ]
+    if shares:
+        print(
+            f"time to first token: {statistics.fmean(shares):.0%} of the total at p50 "
+            f"(answers of {statistics.fmean(leg.tokens_per_answer for leg in legs):.1f} "
+            "tokens on average)"
+        )
+    if len(ratios) > 1:
+        print(f"streamed/not per round: {', '.join(f'{r:.1%}' for r in ratios)}")
     figures = {
         "streamed_tokens_per_s": Figure(streamed, "tokens/s", "streamed legs' tokens/s"),
         "plain_tokens_per_s": Figure(plain, "tokens/s", "not streamed legs' tokens/s"),
@@ -172,6 +222,19 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
         ),
         "ttft_p50_ms": Figure(
             statistics.fmean(ttfts) if ttfts else None, "ms", "time to first token p50"
+        ),
+        "total_p50_ms": Figure(
+            statistics.fmean(totals) if totals else None, "ms", "streamed answer p50"
+        ),
+        "ttft_share": Figure(
+            statistics.fmean(shares) if shares else None,
+            "ratio",
+            "time to first token p50 over the streamed answer's p50",
+        ),
+        "tokens_per_answer": Figure(
+            statistics.fmean(leg.tokens_per_answer for leg in legs),
+            "tokens",
+            "completion tokens per answer",
         ),
         "lost": Figure(sum(leg.lost for leg in legs), "requests", "requests with no answer"),
     }

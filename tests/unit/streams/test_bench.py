@@ -215,4 +215,8 @@ def test_a_stream_cost_leg_counts_the_tokens_of_its_answers_over_its_time() -> N
     leg = leg_of(samples, started=2.0, lost=0, streamed=True)
     assert (leg.answered, leg.errors, leg.tokens, leg.seconds) == (2, 1, 100, 10.0)
     assert leg.tokens_per_s == 10.0 and leg.ttft_p50_ms == 20.0
+    assert leg.tokens_per_answer == 50.0 and leg.ttft_share == 0.2  # of the p50, 100 ms
     assert all(r["metadata"] == NO_CACHE for r in model_workload(10, 8))
+    explain = model_workload(14, 64, "light", "realtime", "explain")
+    assert all(r["prompt"].startswith(("Explain", "Describe", "Compare")) for r in explain)
+    assert len({r["prompt"] for r in explain}) == 14, "every question asked once"
