@@ -93,3 +93,25 @@ async def test_check_tune_measures_the_light_model_and_keeps_it_for_this_cpu(
     pick = tuning.pick(settings.realtime.tune_tolerance)
     assert started.settings.realtime.max_batch_size == pick.batch_size
     assert any("tuned on this CPU" in note for note in started.notes), started.notes
+
+
+async def test_a_worker_tunes_at_start_when_asked_and_nothing_is_kept(tmp_path: Path) -> None:
+    """``LANEWAY_TUNE_AT_START``: no kept tuning, so the realtime worker's
+    model is measured (one tiny candidate) and kept before it starts."""
+    backend = BackendSettings(light_model="smollm2-135m")
+    tune = TuneSettings(
+        dir=tmp_path,
+        at_start=True,
+        batch_sizes=(2,),
+        inflight=(1,),
+        seconds_per_candidate=0.2,
+        max_tokens=4,
+    )
+    settings = Settings(backend=backend, tune=tune)
+    started = await lane_tuning(settings, Lane.REALTIME, builtin_registry(backend))
+    assert any("tuning it now" in note for note in started.notes), started.notes
+    assert started.settings.realtime.max_batch_size == 2
+    entry = started.registry.for_path(AnswerPath.LIGHT)
+    assert entry is not None and entry.max_batch == 2
+    tuning, where = load_kept(tmp_path, "smollm2-135m", backend)
+    assert tuning is not None, where
