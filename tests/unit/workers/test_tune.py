@@ -227,3 +227,12 @@ def test_tune_settings_take_candidates_sorted_and_refuse_zero() -> None:
     assert TuneSettings(batch_sizes=(8, 1, 2, 2)).batch_sizes == (1, 2, 8)
     with pytest.raises(ValueError, match="at least 1"):
         TuneSettings(inflight=(0, 1))
+
+
+async def test_a_lane_size_set_in_the_environment_is_explicit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LANEWAY_BULK_MAX_INFLIGHT_BATCHES", "1")
+    settings, _, _ = two_models(tmp_path, bulk=BulkLaneSettings())
+    tuned = await lane_tuning(settings, Lane.BULK, builtin_registry(settings.backend), CPU)
+    assert (tuned.settings.bulk.max_batch_size, tuned.settings.bulk.max_inflight_batches) == (4, 1)
