@@ -39,6 +39,7 @@ __all__ = [
     "StreamSettings",
     "TenantLimit",
     "TracingSettings",
+    "TuneSettings",
 ]
 
 
@@ -320,6 +321,14 @@ class LaneSettings(BaseSettings):
     """Batches a worker runs at once. The next batch is collected while one
     runs, and a backend that batches continuously (llama.cpp, vLLM) lets its
     requests join the running decode; offsets are still committed in order."""
+    tune_tolerance: float = Field(default=0.05, ge=0, lt=1)
+    """How a kept batch-size tuning (``laneway check --tune``,
+    ``workers.tune``) is read for this lane: the candidate with the fewest
+    sequences at once (batch size x batches in flight) whose tokens/s is
+    within this share of the best one's. 0: the best tokens/s whatever it
+    costs in latency; the default 0.05 does not pay a larger batch (each
+    answer's tokens come slower) for a gain within a noisy machine's
+    measuring error."""
 
 
 class RealtimeLaneSettings(LaneSettings):
@@ -335,6 +344,11 @@ class RealtimeLaneSettings(LaneSettings):
     max_inflight_batches: int = Field(default=1, ge=1, le=64)
     """One batch at a time: a second one in the decoder nearly tripled the
     realtime inference p99 at 3x load (``laneway bench overload --embedded``)."""
+    tune_tolerance: float = Field(default=0.25, ge=0, lt=1)
+    """Realtime prefers latency: of the tuned candidates, the one with the
+    fewest sequences at once whose tokens/s is within 25% of the best (a
+    realtime answer's tokens come about as fast as the sequences decoded
+    beside it let them)."""
 
 
 class MediumLaneSettings(LaneSettings):
@@ -693,6 +707,48 @@ class BackendSettings(BaseSettings):
     """After a failed model load, requests get INF-502 until this much time has passed."""
 
 
+class TuneSettings(BaseSettings):
+    """Batch sizes measured on the machine that runs them (``workers.tune``,
+    ``laneway check --tune``): a CPU model's tokens/s at each candidate batch
+    size and number of batches in flight, kept per model and CPU, and used
+    by a lane worker at start for its lane's ``max_batch_size`` and
+    ``max_inflight_batches`` and the model's llama.cpp sequences. What is
+    set explicitly wins: a registry entry's ``max_batch``,
+    ``LANEWAY_BACKEND_LLAMACPP_MAX_SEQUENCES``, a lane's
+    ``LANEWAY_<LANE>_MAX_BATCH_SIZE`` / ``_MAX_INFLIGHT_BATCHES``."""
+
+    model_config = _config("LANEWAY_TUNE_")
+
+    dir: Path = Path.home() / ".cache" / "laneway" / "tune"
+    """Where tunings are kept: ``<dir>/<cpu-slug>/<model>.json``."""
+    use_kept: bool = True
+    """A lane worker uses the kept tuning of its model on this CPU, when one
+    matches (the same model file, CPU, ``n_threads`` and batch mode). ``false``:
+    the lane's settings as they are."""
+    at_start: bool = False
+    """A lane worker with no matching kept tuning for a CPU model measures
+    one at start (``batch_sizes`` x ``inflight`` x ``seconds_per_candidate``,
+    plus the model load) and keeps it. Off: start stays fast, and the lane's
+    settings are used until ``laneway check --tune`` keeps one."""
+    batch_sizes: tuple[int, ...] = Field(default=(1, 2, 4, 8, 16), min_length=1)
+    """Candidate batch sizes."""
+    inflight: tuple[int, ...] = Field(default=(1, 2), min_length=1)
+    """Candidate numbers of batches in flight (a lane's ``max_inflight_batches``)."""
+    seconds_per_candidate: float = Field(default=4.0, gt=0, le=600)
+    """How long each candidate sends new batches (each of its callers runs
+    at least one): the whole tuning takes about this times the number of
+    candidates, plus the last batches' tail."""
+    max_tokens: int = Field(default=32, ge=1, le=4096)
+    """Tokens each measured answer may have: about a short answer's."""
+
+    @field_validator("batch_sizes", "inflight")
+    @classmethod
+    def _positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if min(values) < 1:
+            raise ValueError(f"every candidate must be at least 1: {values}")
+        return tuple(sorted(set(values)))
+
+
 class BatchSettings(BaseSettings):
     """Offline batch jobs (``streams.jobs``, ``laneway batch``)."""
 
@@ -880,6 +936,7 @@ class Settings(BaseSettings):
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     flow: FlowSettings = Field(default_factory=FlowSettings)
     backend: BackendSettings = Field(default_factory=BackendSettings)
+    tune: TuneSettings = Field(default_factory=TuneSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     stream: StreamSettings = Field(default_factory=StreamSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)

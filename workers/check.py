@@ -10,6 +10,10 @@ CI/CD step or a container health step::
     ok    light  llamacpp:smollm2-135m  0.9 s  "Hello! How can I help?"
     FAIL  heavy  llamacpp:/models/missing.gguf  0.0 s  INF-502: model file ... does not exist
     laneway check: 1 of 2 models failed: heavy=llamacpp:/models/missing.gguf
+
+``laneway check --tune`` measures each CPU model's tokens/s at every
+candidate batch size instead, and keeps the figures for this CPU, where a
+lane worker on this machine finds them at start (``workers.tune``).
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from schemas.errors import LanewayError
-from schemas.messages import AnswerPath, ChatMessage
+from schemas.messages import AnswerPath, ChatMessage, Lane
 from schemas.settings import Settings
-from streams.routing.registry import ModelRegistry, load_registry
+from streams.routing.registry import ModelRegistry, load_registry, worker_paths
 from workers.backends import (
     Backend,
     GenerationInput,
@@ -31,8 +35,10 @@ from workers.backends import (
     errors_of,
     map_backend_exception,
 )
+from workers.cpu import cpu_info, cpu_slug
+from workers.tune import TUNABLE, Tuning, keep, tune_model
 
-__all__ = ["ModelCheck", "check_paths", "model_of", "probe", "run_check"]
+__all__ = ["ModelCheck", "check_paths", "model_of", "probe", "run_check", "run_tune"]
 
 PROBE_PROMPT = "Say hello."
 PROBE_MAX_TOKENS = 8
@@ -148,4 +154,83 @@ def run_check(settings: Settings, paths: Sequence[str] | None, *, as_json: bool 
             print(f"laneway check: {len(failed)} of {len(checks)} models failed: {names}")
         else:
             print(f"laneway check: all {len(checks)} models answered")
+    return 1 if failed else 0
+
+
+def _format_tuning(tuning: Tuning, settings: Settings) -> str:
+    best = tuning.pick(0.0)
+    header = f"{'batch':>5} {'in flight':>9} {'tokens/s':>9} {'vs best':>8} {'requests':>8}"
+    lines = [f"{header} {'errors':>6}"]
+    for rate in tuning.rates:
+        share = rate.tokens_per_s / best.tokens_per_s if best.tokens_per_s else 0.0
+        lines.append(
+            f"{rate.batch_size:>5} {rate.inflight:>9} {rate.tokens_per_s:>9.1f} "
+            f"{share:>7.0%} {rate.requests:>8} {rate.errors:>6}"
+        )
+    picks = []
+    for lane in Lane:
+        tolerance = settings.lane(lane).tune_tolerance
+        pick = tuning.pick(tolerance)
+        picks.append(f"{lane} {pick.batch_size} x {pick.inflight} (within {tolerance:.0%})")
+    lines.append(f"best {best.batch_size} x {best.inflight}; per lane: {', '.join(picks)}")
+    return "\n".join(lines)
+
+
+def run_tune(
+    settings: Settings,
+    paths: Sequence[str] | None,
+    lane: str | None = None,
+    *,
+    as_json: bool = False,
+) -> int:
+    """``laneway check --tune``: measure and keep the batch-size tuning of
+    each CPU model of ``paths`` (or of the paths a worker of ``lane``
+    loads; neither: every model path). 0 when every one was measured, 1
+    when one failed, 2 on a path or lane the registry does not have."""
+    registry = load_registry(settings.routing.models_file, settings.backend)
+    known = [str(p) for p in registry.model_paths]
+    unknown = [p for p in paths or () if p not in known]
+    if unknown:
+        print(f"laneway check: no model path {unknown} in the registry: it has {known}")
+        return 2
+    if paths:
+        chosen = [AnswerPath(p) for p in paths]
+    elif lane is not None:
+        chosen = list(worker_paths(settings, Lane(lane), registry))
+    else:
+        chosen = list(registry.model_paths)
+    entries = [m for p in chosen for m in registry.versions(p) if m.state != "retired"]
+    models = list(dict.fromkeys(m.name for m in entries if m.backend in TUNABLE))
+    skipped = sorted({f"{m.name} ({m.backend})" for m in entries if m.backend not in TUNABLE})
+    cpu = cpu_info()
+    tune = settings.tune
+    candidates = len(tune.batch_sizes) * len(tune.inflight)
+    if not as_json:
+        print(
+            f"laneway check --tune: {len(models)} CPU models on {cpu['model']} "
+            f"({cpu_slug(cpu)}), {candidates} candidates each, about "
+            f"{tune.seconds_per_candidate:g} s per candidate, max_tokens {tune.max_tokens}, "
+            f"n_threads {settings.backend.n_threads}"
+        )
+        if skipped:
+            print(f"not tuned (their backend sizes its own batches): {', '.join(skipped)}")
+    failed: list[str] = []
+    kept: list[dict[str, object]] = []
+    for model in models:
+        try:
+            tuning = asyncio.run(tune_model(settings.backend, model, tune, cpu))
+            where = keep(tuning, tune.dir)
+        except Exception as exc:  # a model that cannot load fails its tuning
+            error = map_backend_exception(exc)
+            failed.append(model)
+            print(f"FAIL  {model}  {error.code}: {error.message}")
+            continue
+        kept.append({"model": model, "kept": str(where), **tuning.to_json()})
+        if not as_json:
+            print(f"\n{model}: kept at {where}")
+            print(_format_tuning(tuning, settings))
+    if as_json:
+        print(json.dumps(kept))
+    elif failed:
+        print(f"laneway check --tune: {len(failed)} of {len(models)} models failed: {failed}")
     return 1 if failed else 0

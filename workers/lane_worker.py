@@ -47,7 +47,7 @@ from streams.kafka.otlp import spans_for
 from streams.kafka.spans import UNREADABLE, lane_outcomes
 from streams.kafka.tracing import Traces, trace_headers, traced
 from streams.ops import BATCH_SIZE, LATENCY, RECORDS, RESULTS, ProcessState
-from streams.routing.registry import load_registry, worker_paths
+from streams.routing.registry import ModelRegistry, load_registry, worker_paths
 from streams.stores.backlog import BacklogBoard, DrainRate
 from streams.stores.workerboard import PathCard, WorkerBoard, WorkerCard
 from workers.batcher import collect_batch
@@ -106,13 +106,16 @@ class LaneWorker:
         claims: DecodeClaims | None = None,
         attempts: StreamAttempts | None = None,
         cancels: CancelWatch | None = None,
+        registry: ModelRegistry | None = None,
     ) -> None:
+        """``registry``: the models to load when no ``executor`` is given
+        (``None``: ``settings``' registry file or the built-in one)."""
         self.settings = settings
         self.lane = lane
         self.lane_settings = settings.lane(lane)
         self.state = state or ProcessState()
         if executor is None:
-            registry = load_registry(settings.routing.models_file, settings.backend)
+            registry = registry or load_registry(settings.routing.models_file, settings.backend)
             paths = worker_paths(settings, lane, registry)
             executor = Executor(
                 lane,

@@ -1,6 +1,7 @@
 """``laneway worker --lane L``: one lane worker with its Redis-backed parts
 (result store, backlog board, worker board, response cache writes, decode
-marks, session turns), run until SIGTERM/SIGINT."""
+marks, session turns), run until SIGTERM/SIGINT. Its batch size is the one
+kept for its models on this CPU, where one is (``workers.tune``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from schemas.messages import Lane
 from schemas.settings import Settings
 from streams.cache.response import ResponseCache
 from streams.ops import ProcessState, heartbeat
+from streams.routing.registry import load_registry
 from streams.stores.backlog import BacklogBoard
 from streams.stores.sessions import SessionStore
 from streams.stores.workerboard import WorkerBoard
@@ -22,6 +24,7 @@ from workers.claims import DecodeClaims
 from workers.lane_worker import LaneWorker
 from workers.result_store import ResultStore
 from workers.streaming import StreamAttempts
+from workers.tune import tuned_for_lane
 
 __all__ = ["serve_lane"]
 
@@ -36,6 +39,10 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
     if niceness:
         os.nice(niceness)  # the model threads inherit it
         log.info("%s worker runs at CPU priority nice %d", lane, niceness)
+    # The batch size measured on this machine (workers.tune), where one is
+    # kept; one measured at start runs at the priority the worker runs at.
+    registry = load_registry(settings.routing.models_file, settings.backend)
+    settings, registry = await tuned_for_lane(settings, lane, registry)
     redis = settings.redis.client()  # one connection pool for store and board
     store = ResultStore(redis, prefix=settings.redis.key_prefix, ttl_s=settings.redis.result_ttl_s)
     board = BacklogBoard(redis, settings.redis.key_prefix)
@@ -72,6 +79,7 @@ async def serve_lane(settings: Settings, lane: Lane, state: ProcessState, drain_
         cache=cache,
         workers=workers,
         claims=claims,
+        registry=registry,
     )
     # Beats start once the models are loaded: vLLM builds its engine on the
     # event loop's thread, and until the first beat /healthz counts the

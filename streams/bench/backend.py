@@ -10,8 +10,9 @@ replaced by the next prompt as soon as it finishes ("refill": continuous
 batching at its best, no sequence waiting for its batch-mates). Tokens/s
 and requests/s per batch size, and their ratio to batch 1, are measured
 side by side in one run, so a noisy machine moves every row alike.
-``direct_rates`` is the reusable part: the pipeline-efficiency bench calls it
-for the ceiling a model reaches when called directly.
+The measuring is ``workers.measure.direct_rates``, shared with the
+pipeline-efficiency bench (the ceiling a model reaches when called
+directly) and the batch-size tuner (``workers.tune``).
 """
 
 from __future__ import annotations
@@ -19,16 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from schemas.errors import LanewayError
-from schemas.messages import ChatMessage
-from schemas.settings import BackendSettings, Settings
+from schemas.settings import Settings
 from streams.bench.drive import HARD_PROMPTS, RULE_PROMPTS, SIMPLE_PROMPTS
 from streams.bench.results import BenchRun, Figure, Series
-from workers.backends.base import Backend, Generation, GenerationInput, create_backend
+from workers.measure import Rate, direct_rates
 from workers.models import KNOWN_MODELS
 
 __all__ = [
@@ -60,37 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Rate:
-    model: str
-    batch_size: int
-    inflight: int
-    """Batches the caller kept in flight at once (a lane worker keeps up to
-    ``max_inflight_batches``); 1 = each batch waits for the one before."""
-    requests: int
-    completion_tokens: int
-    seconds: float
-    cpu_seconds: float
-    """CPU time of the whole process: on a shared machine, less swayed by
-    the other processes than the wall clock."""
-    errors: int = 0
-    refilled: bool = False
-    """``batch_size`` sequences kept in flight, each replaced as it finishes,
-    instead of whole batches."""
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.completion_tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def tokens_per_cpu_s(self) -> float:
-        return self.completion_tokens / self.cpu_seconds if self.cpu_seconds else 0.0
-
-    @property
-    def requests_per_s(self) -> float:
-        return self.requests / self.seconds if self.seconds else 0.0
-
-
 MODES = {"invariant": True, "fast": False}
 """``--modes``: the value of ``llamacpp_batch_invariant`` each one runs with."""
 
@@ -100,89 +66,6 @@ def bench_prompts(n: int) -> list[str]:
     base = [*SIMPLE_PROMPTS, *HARD_PROMPTS, *RULE_PROMPTS]
     ways = ["{}", "{} Answer in one sentence.", "Briefly: {}", "{} Explain your answer."]
     return [ways[(i // len(base)) % len(ways)].format(base[i % len(base)]) for i in range(n)]
-
-
-async def direct_rates(
-    settings: BackendSettings,
-    model: str,
-    batch_sizes: Sequence[int],
-    prompts: Sequence[str],
-    max_tokens: int,
-    kind: str = "llamacpp",
-    inflight: Sequence[int] = (1,),
-    refill: bool = False,
-) -> list[Rate]:
-    """Rates of ``model`` on ``kind``, called directly: at each batch size
-    (and number of batches in flight), every prompt once, in batches of that
-    size; with ``refill``, also that many sequences kept in flight one by
-    one. The backend may decode as many sequences together as the largest
-    batch times the most batches in flight."""
-    if kind == "llamacpp":
-        together = min(len(prompts), max(batch_sizes) * max(inflight))
-        wanted = max(settings.llamacpp_max_sequences, together)
-        settings = settings.model_copy(update={"llamacpp_max_sequences": wanted})
-    backend = create_backend(kind, model, settings)
-    await backend.load()
-    system = [ChatMessage(role="system", content=settings.system_prompt)]
-    inputs = [
-        GenerationInput([*system, ChatMessage(role="user", content=p)], max_tokens, 0.0)
-        for p in prompts
-    ]
-    rates = []
-    try:
-        await backend.infer_batch(inputs[:1])  # warm-up: first-call allocations
-        for size in batch_sizes:
-            for depth in inflight:
-                rates.append(await _timed(backend, model, inputs, size, depth))
-            if refill and size > 1:
-                rates.append(await _refilled(backend, model, inputs, size))
-    finally:
-        await backend.close()
-    return rates
-
-
-async def _timed(
-    backend: Backend, model: str, inputs: Sequence[GenerationInput], size: int, depth: int
-) -> Rate:
-    tokens = errors = 0
-    slots = asyncio.Semaphore(depth)
-
-    async def one(batch: Sequence[GenerationInput]) -> None:
-        nonlocal tokens, errors
-        async with slots:
-            for outcome in await backend.infer_batch(batch):
-                if isinstance(outcome, Generation):
-                    tokens += outcome.completion_tokens
-                elif isinstance(outcome, LanewayError):
-                    errors += 1
-
-    started, cpu_started = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(one(inputs[at : at + size]) for at in range(0, len(inputs), size)))
-    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    return Rate(model, size, depth, len(inputs), tokens, seconds, cpu, errors)
-
-
-async def _refilled(
-    backend: Backend, model: str, inputs: Sequence[GenerationInput], width: int
-) -> Rate:
-    """``width`` callers, each sending the next prompt alone as soon as its
-    last one is answered: the backend always has ``width`` sequences."""
-    tokens = errors = 0
-    queue = iter(inputs)
-
-    async def caller() -> None:
-        nonlocal tokens, errors
-        for item in queue:  # shared: each prompt goes to one caller
-            (outcome,) = await backend.infer_batch([item])
-            if isinstance(outcome, Generation):
-                tokens += outcome.completion_tokens
-            else:
-                errors += 1
-
-    started, cpu_started = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(caller() for _ in range(width)))
-    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    return Rate(model, width, 1, len(inputs), tokens, seconds, cpu, errors, refilled=True)
 
 
 def format_rates(rates: Sequence[Rate]) -> str:

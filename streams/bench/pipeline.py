@@ -1,16 +1,22 @@
 """``laneway bench pipeline``: how much of a backend's speed survives
 Kafka and the lane worker.
 
-The same requests (different prompts, greedy, the same ``max_tokens``) run
-twice, side by side in one run: first on the backend called directly, in
-batches of the lane's size with two in flight as a lane worker keeps them
-(``streams.bench.backend.direct_rates``); then through the pipeline,
-as a plain aiokafka producer at default settings puts them, already routed,
-on the bulk lane of an embedded stack whose one bulk worker serves that
-model, and a plain consumer reads the replies. Pipeline efficiency is the
-pipeline's tokens/s over the direct tokens/s. The classifier is left out on
-purpose, with the router and batch tracker (``laneway bench classifier``
-measures it): this is the worker's share, and they would take CPU from it.
+The batch size is the one tuned for the model on this CPU (``laneway check
+--tune``, ``workers.tune``; measured now and kept when none is), as the
+bulk lane picks it; ``--batch`` names one instead. The same requests
+(different prompts, greedy, the same ``max_tokens``) run twice, side by
+side in one run: first on the backend called directly, in batches of that
+size with that many in flight (``workers.measure.direct_rates``): the best
+size called directly; then through the pipeline, as a plain aiokafka
+producer at default settings puts them, already routed, on the bulk lane of
+an embedded stack whose one bulk worker serves that model, and a plain
+consumer reads the replies. That worker finds the kept tuning at start, as
+any lane worker does, so the figure is "the lane worker at the tuned size
+against the best size called directly" (target: 95%). Pipeline efficiency
+is the pipeline's tokens/s over the direct tokens/s. The classifier is left
+out on purpose, with the router and batch tracker (``laneway bench
+classifier`` measures it): this is the worker's share, and they would take
+CPU from it.
 """
 
 from __future__ import annotations
@@ -31,10 +37,18 @@ from streams.bench.backend import Rate, bench_prompts, direct_rates, format_rate
 from streams.bench.classifier import cpu_seconds
 from streams.bench.results import BenchRun, Figure
 from streams.devstack.supervisor import Stack
+from workers.tune import keep, load_kept, tune_model
 
 __all__ = ["HELP", "add_arguments", "run"]
 
-HELP = "one model called directly, then through Kafka and a bulk worker: efficiency"
+HELP = (
+    "one model called directly at its tuned batch size, then through Kafka and a bulk "
+    "worker: efficiency"
+)
+
+TARGET = 0.95
+"""The lane worker's tokens/s at the tuned size should be at least this
+share of the best size called directly (issue 32)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,26 +57,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--path", choices=["light", "heavy"], default="heavy", help="which model answers"
     )
-    parser.add_argument("--batch", type=int, default=8, help="the bulk lane's batch size")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="the bulk lane's batch size (default: the one tuned for the model on this CPU)",
+    )
+    parser.add_argument(
+        "--inflight",
+        type=int,
+        default=None,
+        help="batches in flight with --batch (default 2; tuned without --batch)",
+    )
 
 
 MODELS = {"light": AnswerPath.LIGHT, "heavy": AnswerPath.HEAVY}
 
 
-def _child_env(settings: Settings, path: AnswerPath, model: str, batch: int) -> dict[str, str]:
-    """One bulk worker that serves ``model`` on ``path`` in batches of ``batch``."""
+def _child_env(
+    settings: Settings, path: AnswerPath, model: str, batch: int, depth: int, tuned: bool
+) -> dict[str, str]:
+    """One bulk worker that serves ``model`` on ``path`` in batches of
+    ``batch``, ``depth`` in flight: as the kept tuning sets them when
+    ``tuned`` (the worker reads it at start), else set explicitly."""
+    sizes = (
+        {
+            "LANEWAY_TUNE_USE_KEPT": "true",
+            "LANEWAY_TUNE_AT_START": "false",
+            "LANEWAY_TUNE_DIR": str(settings.tune.dir),
+        }
+        if tuned
+        else {
+            "LANEWAY_TUNE_USE_KEPT": "false",
+            "LANEWAY_BULK_MAX_BATCH_SIZE": str(batch),
+            "LANEWAY_BULK_MAX_INFLIGHT_BATCHES": str(depth),
+            "LANEWAY_BACKEND_LLAMACPP_MAX_SEQUENCES": str(
+                max(settings.backend.llamacpp_max_sequences, depth * batch)
+            ),
+        }
+    )
     return {
+        **sizes,
         "LANEWAY_APP_ID": f"pipeline-{uuid.uuid4().hex[:6]}",
         "LANEWAY_REDIS_KEY_PREFIX": f"pipeline-{uuid.uuid4().hex[:6]}",
         "LANEWAY_CACHE_ENABLED": "false",
         f"LANEWAY_BACKEND_{path.value.upper()}_MODEL": model,
         "LANEWAY_BULK_PATHS": json.dumps([path.value]),
-        "LANEWAY_BULK_MAX_BATCH_SIZE": str(batch),
         "LANEWAY_BULK_MAX_WAIT_MS": "200",
         "LANEWAY_BULK_NICE": "0",  # alone on the machine: the same priority as the direct run
-        "LANEWAY_BACKEND_LLAMACPP_MAX_SEQUENCES": str(
-            max(settings.backend.llamacpp_max_sequences, 2 * batch)
-        ),
         "LANEWAY_FLOW_ENABLED": "false",
         "LANEWAY_LOG_LEVEL": "WARNING",
     }
@@ -75,6 +117,7 @@ async def _through_kafka(
     prompts: list[str],
     max_tokens: int,
     batch: int,
+    depth: int,
     worker_pid: int | None,
 ) -> Rate:
     """The requests through Kafka and the bulk worker (process ``worker_pid``,
@@ -144,7 +187,33 @@ async def _through_kafka(
             f"{queued[len(queued) // 2]:.0f} ms"
         )
     cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else 0.0
-    return Rate(f"{model} kafka", batch, 2, len(prompts), tokens, seconds, cpu, errors)
+    if results and sizes[-1] > batch:
+        print(
+            f"through Kafka: the worker ran batches of up to {sizes[-1]}, not {batch}: "
+            "it did not start with the tuning (its log says why)"
+        )
+    return Rate(f"{model} kafka", batch, depth, len(prompts), tokens, seconds, cpu, errors)
+
+
+def _sizes(settings: Settings, model: str, args: argparse.Namespace) -> tuple[int, int, str]:
+    """``(batch, in flight, where they come from)``: ``--batch``, else the
+    kept tuning of ``model`` on this CPU as the bulk lane picks from it
+    (measured now and kept when there is none)."""
+    if args.batch is not None:
+        return args.batch, args.inflight or 2, "given by --batch"
+    tuning, where = load_kept(settings.tune.dir, model, settings.backend)
+    if tuning is None:
+        print(f"{model}: {where}; tuning it now (as `laneway check --tune` does)")
+        tuning = asyncio.run(tune_model(settings.backend, model, settings.tune))
+        where = f"measured now, kept at {keep(tuning, settings.tune.dir)}"
+    pick, best = tuning.pick(settings.bulk.tune_tolerance), tuning.pick(0.0)
+    return (
+        pick.batch_size,
+        pick.inflight,
+        f"tuned on this CPU ({where}): {pick.tokens_per_s:.1f} tokens/s when tuned, "
+        f"best {best.tokens_per_s:.1f} at {best.batch_size} x {best.inflight}, bulk "
+        f"tolerance {settings.bulk.tune_tolerance:.0%}",
+    )
 
 
 def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
@@ -152,10 +221,22 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     model = (
         settings.backend.heavy_model if path == AnswerPath.HEAVY else settings.backend.light_model
     )
-    batch = args.batch
+    if (args.batch is not None and args.batch < 1) or (
+        args.inflight is not None and args.inflight < 1
+    ):
+        print("laneway bench: --batch and --inflight must be at least 1")
+        return BenchRun(2)
+    if args.inflight is not None and args.batch is None:
+        print("laneway bench: --inflight goes with --batch (the tuning sets both)")
+        return BenchRun(2)
+    batch, depth, source = _sizes(settings, model, args)
+    tuned = args.batch is None
+    print(f"batch size {batch} x {depth} in flight, {source}")
     prompts = bench_prompts(args.requests)
     direct = asyncio.run(
-        direct_rates(settings.backend, model, [batch], prompts, args.max_tokens, "llamacpp", (2,))
+        direct_rates(
+            settings.backend, model, [batch], prompts, args.max_tokens, "llamacpp", (depth,)
+        )
     )[0]
     log_dir = Path(tempfile.mkdtemp(prefix="laneway-pipeline-"))
     with open(log_dir / "stack.log", "w") as out:
@@ -166,7 +247,7 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
             lanes=(Lane.BULK,),
             out=out,
             log_dir=log_dir,
-            child_env=_child_env(settings, path, model, batch),
+            child_env=_child_env(settings, path, model, batch, depth, tuned),
             workers_only=True,
         )
         try:
@@ -179,6 +260,7 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
                     prompts,
                     args.max_tokens,
                     batch,
+                    depth,
                     stack.child(f"worker-{Lane.BULK}").pid,
                 )
             )
@@ -188,18 +270,25 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     requests = piped.requests_per_s / direct.requests_per_s if direct.requests_per_s else 0.0
     print(
         f"\nlaneway bench pipeline: {len(prompts)} different prompts on {model} ({path}), "
-        f"greedy, max_tokens {args.max_tokens}, batches of {batch} with two in flight; "
-        "first called directly, then through Kafka and one bulk worker (stack log: "
-        f"{log_dir / 'stack.log'})"
+        f"greedy, max_tokens {args.max_tokens}, batches of {batch} with {depth} in flight "
+        f"({'tuned' if tuned else '--batch'}); first called directly, then through Kafka and "
+        f"one bulk worker (stack log: {log_dir / 'stack.log'})"
     )
     print(format_rates([direct, piped]))
-    print(f"pipeline efficiency: {tokens:.0%} of direct tokens/s, {requests:.0%} of requests/s")
+    print(
+        f"pipeline efficiency: {tokens:.0%} of direct tokens/s, {requests:.0%} of requests/s "
+        f"(target for the tuned size: at least {TARGET:.0%})"
+    )
     figures = {
-        "direct_tokens_per_s": Figure(direct.tokens_per_s, "tokens/s", f"{model} called directly"),
+        "batch_size": Figure(batch, "requests", f"the bulk lane's batch size ({source})"),
+        "inflight_batches": Figure(depth, "batches", "batches in flight"),
+        "direct_tokens_per_s": Figure(
+            direct.tokens_per_s, "tokens/s", f"{model} called directly, {batch} x {depth}"
+        ),
         "pipeline_tokens_per_s": Figure(
             piped.tokens_per_s, "tokens/s", f"{model} through Kafka and a bulk worker"
         ),
         "tokens_efficiency": Figure(tokens, "ratio", "pipeline tokens/s over direct"),
         "requests_efficiency": Figure(requests, "ratio", "pipeline requests/s over direct"),
     }
-    return BenchRun(1 if direct.errors or piped.errors else 0, figures)
+    return BenchRun(1 if direct.errors or piped.errors else 0, figures, notes=source)

@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from workers.cpu import cpu_info, cpu_slug
+
 __all__ = [
     "RESULT_SCHEMA",
     "SCHEMA_FILE",
@@ -83,34 +85,6 @@ class InvalidResult(ValueError):
     """A result that does not match the result file's schema."""
 
 
-def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
-    """The first CPU's ``model name``, ``cpu family`` and ``model`` from
-    ``cpuinfo``, and ``os.cpu_count()`` (unknown parts: ``None``)."""
-    fields: dict[str, str] = {}
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        if not line.strip():
-            if fields:
-                break  # the first processor's block is enough
-            continue
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-
-    def number(key: str) -> int | None:
-        value = fields.get(key, "")
-        return int(value) if value.isdigit() else None
-
-    return {
-        "model": fields.get("model name") or "unknown",
-        "family": number("cpu family"),
-        "model_number": number("model"),
-        "cores": os.cpu_count() or 1,
-    }
-
-
 def load_average() -> list[float] | None:
     """The machine's load average over 1, 5 and 15 minutes (``None`` where
     the platform has none): a figure from a busy machine says so."""
@@ -118,17 +92,6 @@ def load_average() -> list[float] | None:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
-
-
-def cpu_slug(cpu: Mapping[str, Any]) -> str:
-    """The CPU model lower-cased, non-alphanumerics as ``-``; with
-    ``-f<family>m<model>`` when the model string names no model number
-    (``Intel(R) Xeon(R) Processor`` is many CPUs)."""
-    slug = re.sub(r"[^a-z0-9]+", "-", str(cpu.get("model", "unknown")).lower()).strip("-")
-    generic = not re.search(r"\d", slug)
-    if generic and cpu.get("family") is not None and cpu.get("model_number") is not None:
-        slug += f"-f{cpu['family']}m{cpu['model_number']}"
-    return slug or "unknown"
 
 
 def git_commit(cwd: Path = REPO_ROOT) -> str:

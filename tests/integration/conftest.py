@@ -55,6 +55,8 @@ CHILD_ENV = {
     # (tests/integration/test_route_weights.py has its own stack with it).
     "LANEWAY_ROUTING_EXPLORATION": "0",
     "LANEWAY_RULES_FILE": str(RULES_FILE),
+    # The lanes' sizes above, not a batch-size tuning this machine may keep.
+    "LANEWAY_TUNE_USE_KEPT": "false",
 }
 
 

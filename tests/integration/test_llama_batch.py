@@ -209,3 +209,25 @@ async def test_the_backend_bench_answers_every_prompt_in_each_shape() -> None:
         assert (rate.requests, rate.errors) == (4, 0)
         assert 4 <= rate.completion_tokens <= 16
     assert format_rates(rates).splitlines()[-1].split()[1:3] == ["2", "refill"]
+
+
+async def test_a_time_budget_bounds_each_candidate_and_every_caller_runs_a_batch() -> None:
+    """With ``budget_s`` (the tuner's bound per candidate) the prompts are
+    gone round as often as the time allows: here less than one batch's
+    decode, so each caller runs exactly one batch, even past the prompts."""
+    from workers.measure import direct_rates
+
+    rates = await direct_rates(
+        BackendSettings(),
+        "smollm2-135m",
+        [1, 3],
+        ["Say hi.", "Say bye."],
+        4,
+        inflight=(2,),
+        budget_s=0.001,
+    )
+    assert [(r.batch_size, r.inflight, r.requests, r.errors) for r in rates] == [
+        (1, 2, 2, 0),
+        (3, 2, 6, 0),
+    ]
+    assert all(r.completion_tokens > 0 for r in rates)
