@@ -207,7 +207,8 @@ def run_tune(
     candidates = len(tune.batch_sizes) * len(tune.inflight)
     if not as_json:
         print(
-            f"laneway check --tune: {len(models)} CPU models on {cpu['model']} "
+            f"laneway check --tune: {len(models)} CPU model{'' if len(models) == 1 else 's'} "
+            f"on {cpu['model']} "
             f"({cpu_slug(cpu)}), {candidates} candidates each, about "
             f"{tune.seconds_per_candidate:g} s per candidate, max_tokens {tune.max_tokens}, "
             f"n_threads {settings.backend.n_threads}"
