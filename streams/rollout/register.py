@@ -212,12 +212,14 @@ def provenance_line(student: Student) -> str:
         else "agreement not measured"
     )
     window = (
-        f" {student.window.get('start')}..{student.window.get('end')}" if student.window else ""
+        f", traffic {student.window.get('start')}..{student.window.get('end')}"
+        if student.window
+        else ""
     )
     offered = "offered" if student.offered else f"not offered: {student.reason}"
     return (
         f"student of {student.base_model} from {student.teacher or '?'}: "
-        f"{'?' if rows is None else rows} rows{window}"
+        f"{'?' if rows is None else rows} rows"
         + ("" if held is None else f" ({held} held out)")
-        + f", {agreement}; {offered}"
+        + f"{window}, {agreement}; {offered}"
     )

@@ -173,6 +173,8 @@ def test_the_provenance_line_shows_base_teacher_rows_and_agreement(tmp_path: Pat
     line = provenance_line(student)
     assert line.startswith("student of smollm2-135m from gemma3-270m: 240 rows (60 held out)")
     assert "agreement 40% -> 50%" in line and line.endswith("offered")
+    windowed = student.model_copy(update={"window": {"start": "2026-12-01", "end": "2026-12-07"}})
+    assert "(60 held out), traffic 2026-12-01..2026-12-07, agreement" in provenance_line(windowed)
     bare = Student(kind="laneway.student/1", base_model="m", offered=False, reason="too few rows")
     assert provenance_line(bare) == (
         "student of m from ?: ? rows, agreement not measured; not offered: too few rows"
