@@ -152,7 +152,7 @@ def test_the_distill_cronjob_exports_trains_and_registers_a_shadow_in_order() ->
         if any("$(STUDENT_RUN)" in arg for arg in step["args"]):
             assert "STUDENT_RUN" in {e["name"] for e in step["env"]}, step["name"]
     rows = steps[0]["args"][steps[0]["args"].index("-o") + 1]
-    assert steps[1]["args"][steps[1]["args"].index("--rows") + 1] == rows
+    assert steps[1]["args"][2] == rows  # `distill student SOURCE`: the export
     out = steps[1]["args"][steps[1]["args"].index("--out") + 1]
     register = steps[2]
     args = build_parser().parse_args(
