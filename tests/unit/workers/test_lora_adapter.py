@@ -2,8 +2,9 @@
 real GGUF LoRA adapter written for it (``tests.adapters``): the adapter
 changes what the model says, alike on one sequence and on many, a
 student directory's adapter is loaded by the backend, and a missing or
-foreign adapter fails the load naming the file. Where a backend looks for a student directory's adapter
-(``resolve_adapter``) is checked on plain files."""
+foreign adapter fails the load naming the file. Where a backend looks for
+a student directory's adapter (``resolve_adapter``) is checked on plain
+files."""
 
 from __future__ import annotations
 
