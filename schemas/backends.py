@@ -34,6 +34,10 @@ class BackendKind:
     (``None``: the backend sizes its batches itself)."""
     extra: str | None = None
     """The laneway extra that installs its library, when a plain install lacks it."""
+    adapter: str | None = None
+    """What a registry entry's LoRA ``adapter`` is for this kind (``None``:
+    it takes none, and an entry that gives one is refused when the registry
+    loads)."""
 
 
 BACKEND_KINDS: dict[BackendName, BackendKind] = {
@@ -44,6 +48,7 @@ BACKEND_KINDS: dict[BackendName, BackendKind] = {
             "workers.backends.llamacpp:LlamaCppBackend",
             "cpu",
             max_batch_field="llamacpp_max_sequences",
+            adapter="a GGUF LoRA adapter (or a directory holding adapter.gguf), applied at load",
         ),
         BackendKind("openai", "workers.backends.openai:OpenAIBackend", "remote"),
         BackendKind(
@@ -52,6 +57,7 @@ BACKEND_KINDS: dict[BackendName, BackendKind] = {
             "cuda",
             max_batch_field="vllm_max_num_seqs",
             extra="gpu",
+            adapter="a PEFT LoRA directory (or one holding peft/), served as a LoRARequest",
         ),
         BackendKind("rules", "workers.backends.rules:RulesBackend", "cpu"),
     )

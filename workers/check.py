@@ -108,12 +108,14 @@ async def check_paths(
     checks = []
     for path in paths:
         kind, model = model_of(registry, path)
+        entry = registry.for_path(path)
+        adapter = entry.adapter if entry is not None else None
         started = time.monotonic()
         given = (loaded or {}).get(path)
         backend: Backend | None = given
         try:
             if backend is None:
-                backend = create_backend(kind, model, settings.backend)
+                backend = create_backend(kind, model, settings.backend, adapter)
                 await asyncio.wait_for(backend.load(), timeout_s)
             ok, detail = await probe(backend, timeout_s=timeout_s)
         except Exception as exc:  # a model that cannot load fails its check

@@ -207,9 +207,12 @@ def _slot(settings: BackendSettings, path: AnswerPath, entry: ModelEntry | None)
     field = BACKEND_KINDS[entry.backend].max_batch_field if entry is not None else None
     if entry is not None and entry.max_batch is not None and field is not None:
         settings = settings.model_copy(update={field: entry.max_batch})
+    adapter = entry.adapter if entry is not None else None
     label = f"{path}={kind}:{model}" + (f"@{version}" if version is not None else "")
+    if adapter is not None:
+        label += f"+{adapter.name}"
     return BackendSlot(
-        functools.partial(create_backend, kind, model, settings),
+        functools.partial(create_backend, kind, model, settings, adapter),
         settings.load_retry_s,
         label,
         CircuitBreaker(

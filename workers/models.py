@@ -4,6 +4,11 @@
 ``gemma3-270m``   Gemma-3-270M Q4_K_M, shipped in four chunk wheels and
                   assembled once into ``BackendSettings.model_dir``
 any ``*.gguf`` path is used as it is.
+
+A version's LoRA adapter (``ModelEntry.adapter``) is found by
+``resolve_adapter``: the file or directory itself, or the part of a
+``laneway distill student`` directory that the backend reads
+(``STUDENT_GGUF`` for llama.cpp, ``STUDENT_PEFT`` for vLLM).
 """
 
 from __future__ import annotations
@@ -15,11 +20,24 @@ from typing import Literal
 
 from schemas.errors import BackendUnavailable
 
-__all__ = ["KNOWN_MODELS", "PromptStyle", "prompt_style", "resolve_gguf"]
+__all__ = [
+    "KNOWN_MODELS",
+    "STUDENT_GGUF",
+    "STUDENT_PEFT",
+    "PromptStyle",
+    "prompt_style",
+    "resolve_adapter",
+    "resolve_gguf",
+]
 
 KNOWN_MODELS = ("smollm2-135m", "gemma3-270m")
 
 PromptStyle = Literal["chat", "completion"]
+
+STUDENT_GGUF = "adapter.gguf"
+"""A student directory's GGUF LoRA adapter, for llama.cpp."""
+STUDENT_PEFT = "peft"
+"""A student directory's PEFT adapter directory, for vLLM."""
 
 
 def prompt_style(name: str) -> PromptStyle:
@@ -73,3 +91,24 @@ def _assemble_gemma(model_dir: Path) -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return target
+
+
+def resolve_adapter(kind: str, adapter: Path) -> Path:
+    """What backend ``kind`` loads for a version's ``adapter``: for
+    ``llamacpp`` a ``.gguf`` file, or a directory's ``STUDENT_GGUF``; for
+    ``vllm`` a PEFT directory (its ``adapter_config.json`` in it), or a
+    directory's ``STUDENT_PEFT``. Anything else is ``BackendUnavailable``
+    naming what was looked for."""
+    if kind == "llamacpp":
+        candidates = [adapter] if adapter.suffix == ".gguf" else [adapter / STUDENT_GGUF]
+        found = next((c for c in candidates if c.is_file()), None)
+    elif kind == "vllm":
+        candidates = [adapter, adapter / STUDENT_PEFT]
+        found = next((c for c in candidates if (c / "adapter_config.json").is_file()), None)
+    else:
+        raise BackendUnavailable(f"backend {kind} takes no LoRA adapter (adapter {adapter})")
+    if found is None:
+        raise BackendUnavailable(
+            f"LoRA adapter {adapter}: no {kind} adapter at {' or '.join(map(str, candidates))}"
+        )
+    return found

@@ -7,6 +7,8 @@
     laneway models rollback PATH                    every canary of the path back to 0%
     laneway models report [--json]                  shadow answers against the active ones
     laneway models report --routers [--json]        shadow routers' decisions against those taken
+    laneway models register PATH VERSION --adapter DIR [--state shadow|canary] [--share S]
+                                                    a new version with a LoRA adapter (a student)
 
 Router versions (``streams.rollout.routers``) take ``router`` as PATH:
 ``laneway models canary router lr-2 --share 0.1``, ``shadow router lr-2``,
@@ -19,6 +21,13 @@ live state laid over it, and reach every classifier within
 ``LANEWAY_ROLLOUT_REFRESH_S``. An unknown path or version, or a share out
 of range, is refused with the reason and exit code 2; a Redis that cannot
 be read or written, exit code 1.
+
+``register`` writes the registry file itself (``streams.rollout.register``;
+no Redis): the new version copies the path's active one with the adapter,
+as a shadow (or a canary at share 0), and every process loads it at its
+next start. A student whose ``student.json`` says ``offered: false`` is
+refused with its reason (exit code 2) unless ``--force``. ``list`` shows a
+student's provenance under its row.
 """
 
 from __future__ import annotations
@@ -35,13 +44,29 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from schemas.messages import InferenceResult
+from schemas.errors import LanewayError
+from schemas.messages import AnswerPath, InferenceResult
 from schemas.settings import Settings
 from streams.rollout import routers as router_rollout
 from streams.rollout import state
+from streams.rollout.register import (
+    RegisterError,
+    Student,
+    new_version,
+    provenance_line,
+    read_student,
+    registry_text,
+    write_registry,
+)
 from streams.rollout.report import aggregate, format_reports, pair
 from streams.rollout.rollback import RouterRecord
-from streams.routing.registry import ModelEntry, ModelRegistry, RegistryError, load_registry
+from streams.routing.registry import (
+    ModelEntry,
+    ModelRegistry,
+    RegistryError,
+    builtin_registry,
+    load_registry,
+)
 from streams.routing.stats import PathStats
 from streams.stores.workerboard import WorkerBoard
 
@@ -67,6 +92,34 @@ def subparser_init(subparsers: Any) -> argparse.ArgumentParser:
             action.add_argument("--share", type=float, required=True, help="0..1, e.g. 0.1")
         if name == "shadow":
             action.add_argument("--share", type=float, default=None, help="0..1 (default: all)")
+    register = actions.add_parser(
+        "register",
+        help="add a version with a LoRA adapter (a student) to the registry file",
+        description="Add VERSION of PATH to the registry file (LANEWAY_ROUTING_MODELS_FILE; "
+        "created from the built-in registry when missing): the path's active version with "
+        "the adapter, as a shadow or a canary at share 0. Processes load it at their next "
+        "start; then move it on with shadow, canary and promote.",
+    )
+    register.add_argument("path", help="the model path the adapter was trained for (light)")
+    register.add_argument("version", help="the new version's label, unique within the path")
+    register.add_argument(
+        "--adapter",
+        type=Path,
+        required=True,
+        help="a `laneway distill student --out` directory, or an adapter file or PEFT directory",
+    )
+    register.add_argument("--state", choices=("shadow", "canary"), default="shadow")
+    register.add_argument(
+        "--share", type=float, default=None, help="0..1 (shadow default: all; canary: 0)"
+    )
+    register.add_argument(
+        "--model", default=None, help="the base model (default: the student's, else the active's)"
+    )
+    register.add_argument(
+        "--force",
+        action="store_true",
+        help="register a student not offered for promotion, or an adapter without student.json",
+    )
     back = actions.add_parser("rollback", help="every canary of PATH back to share 0")
     back.add_argument("path", help="a model path, or 'router' for the router versions")
     report = actions.add_parser("report", help="shadow answers against the active answers")
@@ -86,6 +139,8 @@ def cmd(args: argparse.Namespace) -> int:
 
 
 def run_models(settings: Settings, args: argparse.Namespace) -> int:
+    if args.models_command == "register":
+        return run_register(settings, args)
     try:
         registry = load_registry(settings.routing.models_file, settings.backend)
     except RegistryError as exc:
@@ -220,6 +275,8 @@ async def _list(
                 "quality": record.quality if record else None,
                 "set_by": change.by if change else "file",
                 "reason": change.reason if change else None,
+                "adapter": None if entry.adapter is None else str(entry.adapter),
+                "student": _student_of(entry),
             }
         )
     rows += router_rows
@@ -240,6 +297,83 @@ async def _list(
             f"{latency:>8}  {note}"
             + (f"  heavy {row['heavy_share']:.0%}" if row.get("heavy_share") is not None else "")
         )
+        if row.get("adapter"):
+            student = row.get("student")
+            about = (
+                provenance_line(Student.model_validate(student))
+                if student
+                else "no student.json beside it"
+            )
+            print(f"{'':6} adapter {row['adapter']}: {about}")
+    return 0
+
+
+def _student_of(entry: ModelEntry) -> dict[str, Any] | None:
+    """The provenance beside ``entry``'s adapter, as ``list --json`` shows
+    it (``None``: no adapter, or none beside it; unreadable: its error)."""
+    if entry.adapter is None:
+        return None
+    try:
+        student = read_student(entry.adapter)
+    except RegisterError as exc:
+        return {"error": str(exc)}
+    return None if student is None else student.model_dump(mode="json")
+
+
+def run_register(settings: Settings, args: argparse.Namespace) -> int:
+    """``laneway models register``: 0 when the version was added to the
+    file, 2 when it is refused (the reason on stderr)."""
+    from workers.models import resolve_adapter
+
+    file = settings.routing.models_file
+
+    def refuse(reason: str) -> int:
+        print(f"laneway models register: {reason}", file=sys.stderr)
+        return 2
+
+    if file is None:
+        return refuse(
+            "no registry file to add the version to: set LANEWAY_ROUTING_MODELS_FILE (every "
+            "process must read the same file; a missing one is created from the built-in models)"
+        )
+    if args.share is not None and not 0 <= args.share <= 1:
+        return refuse(f"--share {args.share} is outside 0..1")
+    old = file.read_text() if file.is_file() else None
+    try:
+        registry = load_registry(file if old is not None else None, settings.backend)
+        path = AnswerPath(args.path)
+        adapter = args.adapter.resolve()
+        student = read_student(adapter)
+        entry = new_version(
+            registry,
+            path,
+            args.version,
+            adapter,
+            student,
+            state=args.state,
+            share=args.share,
+            model=args.model,
+            force=args.force,
+        )
+        resolve_adapter(entry.backend, adapter)  # the file its backend will load is there
+        text = registry_text(old, builtin_registry(settings.backend), entry)
+        write_registry(file, text)
+    except (RegistryError, ValueError) as exc:
+        return refuse(str(exc))
+    except LanewayError as exc:
+        return refuse(exc.message)
+    except OSError as exc:
+        return refuse(f"{file}: {exc}")
+    share = "" if entry.share is None else f" share {entry.share:g}"
+    model = f"{entry.backend}:{entry.name}"
+    print(f"{entry.path} {entry.version}: {entry.state}{share} ({model} + {adapter})")
+    if student is not None:
+        print(f"  {provenance_line(student)}")
+    print(
+        f"  added to {file}{' (created from the built-in models)' if old is None else ''}; "
+        f"processes load it at their next start (restart the {entry.path} workers and the "
+        f"classifiers), then: laneway models canary {entry.path} {entry.version} --share 0.05"
+    )
     return 0
 
 

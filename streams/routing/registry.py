@@ -29,6 +29,13 @@ versions exist. Example::
         cost_per_1k_tokens: 0.0002
         max_batch: 8
         expected_latency_ms: 800
+      - name: smollm2-135m
+        version: student-1
+        state: shadow
+        adapter: /data/students/20261207T0400Z   # laneway distill student --out
+        backend: llamacpp
+        path: light
+        max_complexity: simple
       - name: smollm2-360m
         version: "2"
         state: canary
@@ -55,7 +62,7 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.backends import BackendName
+from schemas.backends import BACKEND_KINDS, BackendName
 from schemas.messages import AUTO_MODEL, AnswerPath, Lane
 from schemas.settings import BackendSettings, Settings
 from streams.routing.features import Complexity
@@ -109,6 +116,17 @@ class ModelEntry(BaseModel):
     share: float | None = Field(default=None, ge=0, le=1)
     """A canary's part of its path's traffic (unset: 0); the part of the
     path's requests a shadow gets a copy of (unset: all)."""
+    adapter: Path | None = None
+    """A LoRA adapter the ``backend`` applies to ``name``'s weights (unset:
+    none): for ``llamacpp`` a GGUF LoRA adapter, loaded with the model; for
+    ``vllm`` a PEFT adapter directory, served as a ``LoRARequest``. A
+    directory that ``laneway distill student`` wrote may be given for
+    either (its ``adapter.gguf`` or ``peft/`` is taken), and its
+    ``student.json`` is the provenance ``laneway models list`` shows. A
+    relative path is relative to the registry file. A backend that takes no
+    adapter (``openai``: the server decides what it serves; ``rules``)
+    refuses one here, when the registry loads. See
+    ``schemas.backends.BackendKind.adapter``."""
 
     @property
     def traffic_share(self) -> float:
@@ -119,6 +137,16 @@ class ModelEntry(BaseModel):
         if self.state == "shadow":
             return 1.0 if self.share is None else self.share
         return 1.0 if self.state == "active" else 0.0
+
+    @model_validator(mode="after")
+    def _adapter_for_a_backend_that_takes_one(self) -> ModelEntry:
+        if self.adapter is not None and BACKEND_KINDS[self.backend].adapter is None:
+            takes = [k for k, kind in BACKEND_KINDS.items() if kind.adapter is not None]
+            raise ValueError(
+                f"version {self.version} of {self.name}: backend {self.backend} takes no LoRA "
+                f"adapter (adapter {self.adapter}); only {takes} do"
+            )
+        return self
 
     @field_validator("path")
     @classmethod
@@ -337,10 +365,20 @@ def builtin_registry(backend: BackendSettings) -> ModelRegistry:
 
 
 def load_registry(path: Path | None, backend: BackendSettings) -> ModelRegistry:
+    """The registry file at ``path`` (``None``: ``builtin_registry``), its
+    relative adapter paths made relative to the file's folder."""
     if path is None:
         return builtin_registry(backend)
     try:
         data = yaml.safe_load(path.read_text())
-        return ModelRegistry.model_validate(data)
+        registry = ModelRegistry.model_validate(data)
     except (OSError, yaml.YAMLError, ValidationError) as exc:
         raise RegistryError(f"model registry {path}: {exc}") from exc
+    return ModelRegistry(
+        models=tuple(
+            m.model_copy(update={"adapter": path.parent / m.adapter})
+            if m.adapter is not None and not m.adapter.is_absolute()
+            else m
+            for m in registry.models
+        )
+    )

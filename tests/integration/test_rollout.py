@@ -1,13 +1,17 @@
 """Model versions on the real stack: a canary at 50% gets about half the
-traffic, a failing canary is rolled back automatically, and shadow answers
-never reach the client.
+traffic, a failing canary is rolled back automatically, shadow answers
+never reach the client, and a student (SmolLM2-135M with a LoRA adapter)
+serves as a shadow.
 
 One stack for the module with only the bulk worker, serving the heavy path
-in three versions from a registry file: Gemma-3-270M (active), SmolLM2-135M
-as version ``smol`` and version ``broken``, whose model file does not exist
+in four versions from a registry file: Gemma-3-270M (active), SmolLM2-135M
+as version ``smol``, version ``broken``, whose model file does not exist
 (a real load failure: its requests fail with INF-502 there and the active
-version answers them). Every test sets the roll-out state it needs with
-the real ``laneway models`` command. Cache off, tiny answers.
+version answers them), and version ``student``, added to the file by the
+real ``laneway models register`` (a canary at share 0) from a student
+directory with a real GGUF LoRA adapter (``tests.adapters``). Every test
+sets the roll-out state it needs with the real ``laneway models`` command.
+Cache off, tiny answers.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from schemas.settings import Settings
 from streams.client import LanewayClient
 from streams.rollout.assign import unit
 from streams.rollout.state import RolloutStore
+from tests.adapters import write_student
+from workers.models import resolve_gguf
 
 from .conftest import produce_to_lane, read_topic, registry_stack, routed_now
 
@@ -59,7 +65,17 @@ def rollout_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         "LANEWAY_ROLLOUT_LATENCY_MARGIN": "100",
     }
     folder = tmp_path_factory.mktemp("rollout")
-    for _, children in registry_stack(folder, "rollout", REGISTRY, env, (Lane.BULK,)):
+    registry = folder / "registered.yaml"
+    registry.write_text(REGISTRY)
+    base = resolve_gguf("smollm2-135m", Settings().backend.model_dir)
+    student = write_student(folder / "student", base, scale=0.01, layers=4)
+    added = models(
+        {"LANEWAY_ROUTING_MODELS_FILE": str(registry)},
+        *("register", "heavy", "student", "--adapter", str(student), "--state", "canary"),
+    )
+    assert "heavy student: canary share 0" in added, added
+    text = registry.read_text()
+    for _, children in registry_stack(folder, "rollout", text, env, (Lane.BULK,)):
         yield children
 
 
@@ -235,3 +251,35 @@ async def test_shadow_answers_are_recorded_and_never_reach_the_client(
     (row,) = [r for r in report if r["version"] == "smol"]
     assert row["compared"] >= 4 and row["shadow_p50_ms"] is not None, row
     assert row["cosine"] is not None and -1.0 <= row["cosine"] <= 1.0001, row
+
+
+async def test_a_student_with_an_adapter_serves_as_a_shadow(
+    rollout: Settings, rollout_env: dict[str, str]
+) -> None:
+    assert "student: shadow" in models(rollout_env, "shadow", "heavy", "student")
+    await propagated(rollout)
+    tag = f"student-{uuid.uuid4().hex[:6]}"
+    async with LanewayClient(rollout.kafka, client_id=f"student-{uuid.uuid4().hex[:6]}") as client:
+        results = await ask_all(client, 4, tag)
+    assert {(r.status, r.version) for r in results} == {("ok", "q4_k_m")}, results
+    shadows: list[InferenceResult] = []
+    for _ in range(120):  # bounded: a minute, for the copies behind the live work
+        shadows = [
+            InferenceResult.model_validate_json(r.value)
+            for r in await read_topic(rollout, rollout.topic("shadow"), timeout_s=5)
+        ]
+        shadows = [s for s in shadows if s.id.startswith(tag)]
+        if len({s.id for s in shadows}) == 4:
+            break
+        await asyncio.sleep(0.5)
+    assert {s.id for s in shadows} == {r.id for r in results}, shadows
+    assert {(s.status, s.version, s.model) for s in shadows} == {
+        ("ok", "student", "llamacpp:smollm2-135m")
+    }, shadows
+    # Listed with its adapter, its provenance and the worker that loaded it.
+    listing = json.loads(models(rollout_env, "list", "--json"))
+    row = next(row for row in listing if row["version"] == "student")
+    assert row["workers"] and row["adapter"].endswith("student"), row
+    assert row["student"]["teacher"] == "gemma3-270m" and row["student"]["offered"], row
+    text = models(rollout_env, "list")
+    assert "student of smollm2-135m from gemma3-270m: 240 rows" in text, text

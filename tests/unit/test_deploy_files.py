@@ -131,3 +131,42 @@ def test_the_gateway_is_deployed_behind_a_service_ready_only_when_it_serves() ->
     assert gateway["command"] == ["gateway"]
     assert gateway["environment"]["LANEWAY_GATEWAY_PORT"] == "8080"
     assert "127.0.0.1:8080:8080" in gateway["ports"]
+
+
+def test_the_distill_cronjob_exports_trains_and_registers_a_shadow_in_order() -> None:
+    """Init containers run in order, the register container last; each
+    ``$(STUDENT_RUN)`` is an env of its own container (Kubernetes expands
+    it), and the register command parses as ``laneway models register``."""
+    from streams.cli.main import build_parser
+
+    docs = {doc["kind"]: doc for doc in _documents(COMPOSE / "k8s" / "21-distill-cronjob.yaml")}
+    pod = docs["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    steps = [*pod["initContainers"], *pod["containers"]]
+    assert [s["args"][:2] for s in steps] == [
+        ["distill", "export"],
+        ["distill", "student"],
+        ["models", "register"],
+    ]
+    assert docs["CronJob"]["spec"]["jobTemplate"]["spec"]["backoffLimit"] == 0  # never trains twice
+    for step in steps:
+        if any("$(STUDENT_RUN)" in arg for arg in step["args"]):
+            assert "STUDENT_RUN" in {e["name"] for e in step["env"]}, step["name"]
+    rows = steps[0]["args"][steps[0]["args"].index("-o") + 1]
+    assert steps[1]["args"][2] == rows  # `distill student SOURCE`: the export
+    out = steps[1]["args"][steps[1]["args"].index("--out") + 1]
+    register = steps[2]
+    args = build_parser().parse_args(
+        [a.replace("$(STUDENT_RUN)", "run-1") for a in register["args"]]
+    )
+    assert (args.path, args.version, args.state) == ("light", "run-1", "shadow")
+    assert str(args.adapter) == out.replace("$(STUDENT_RUN)", "run-1")
+    env = {e["name"]: e.get("value") for e in register["env"]}
+    claim = docs["PersistentVolumeClaim"]["metadata"]["name"]
+    (volume,) = [
+        v["name"]
+        for v in pod["volumes"]
+        if v.get("persistentVolumeClaim", {}).get("claimName") == claim
+    ]
+    (mount,) = [m["mountPath"] for m in register["volumeMounts"] if m["name"] == volume]
+    assert env["LANEWAY_ROUTING_MODELS_FILE"].startswith(mount + "/")
+    assert str(args.adapter).startswith(mount + "/")

@@ -18,6 +18,7 @@ import importlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
 from schemas.backends import BACKEND_KINDS, backend_kind
@@ -104,19 +105,27 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-def create_backend(kind: str, model: str, settings: BackendSettings) -> Backend:
+def create_backend(
+    kind: str, model: str, settings: BackendSettings, adapter: Path | None = None
+) -> Backend:
     """A backend of ``kind`` (one of ``schemas.backends.BACKEND_KINDS``),
-    its module imported now."""
+    its module imported now; ``adapter``: the version's LoRA adapter, for a
+    kind that takes one (``BackendKind.adapter``)."""
     known = backend_kind(kind)
     if known is None:
         raise BackendUnavailable(f"unknown backend {kind!r}; choose one of {sorted(BACKEND_KINDS)}")
+    if adapter is not None and known.adapter is None:
+        raise BackendUnavailable(f"backend {kind!r} takes no LoRA adapter (adapter {adapter})")
     module_name, class_name = known.target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         hint = f" (install laneway[{known.extra}])" if known.extra else ""
         raise BackendUnavailable(f"backend {kind!r} cannot be imported{hint}: {exc}") from exc
-    backend: Backend = getattr(module, class_name)(model, settings)
+    cls = getattr(module, class_name)
+    backend: Backend = (
+        cls(model, settings) if adapter is None else cls(model, settings, adapter=adapter)
+    )
     return backend
 
 

@@ -223,14 +223,18 @@ class BatchDecoder:
         n_batch: int = 512,
         batch_invariant: bool = True,
         min_shared_prefix: int | None = MIN_SHARED_PREFIX,
+        adapter: str | None = None,
     ) -> None:
         """``batch_invariant``: separate KV caches and no repacked kernels,
         so a greedy answer does not depend on its batch-mates (see above);
         ``False``: one unified KV cache and llama.cpp's repacked kernels,
         faster at batch, answers that may move with the batch.
         ``min_shared_prefix``: fewest tokens a shared prefix holds (``None``:
-        prompts share nothing)."""
+        prompts share nothing). ``adapter``: a GGUF LoRA adapter of the
+        model, applied (at scale 1) to every sequence of the context; one
+        llama.cpp cannot load fails ``start()`` with INF-502 naming it."""
         self.model_path = model_path
+        self.adapter_path = adapter
         self.batch_invariant = batch_invariant
         self.repacked = not batch_invariant and extra_buffers_work()
         """Weights loaded into llama.cpp's extra CPU buffer types (repacked kernels)."""
@@ -276,6 +280,7 @@ class BatchDecoder:
         self._min_shared = min_shared_prefix
         self._llama: Any = None
         self._model: Any = None
+        self._adapter: Any = None
         self._ctx: Any = None
         self._mem: Any = None
         self._vocab: Any = None
@@ -372,10 +377,31 @@ class BatchDecoder:
             self._ctx = llama_cpp.llama_init_from_model(model, params)
         if not self._ctx:
             raise BackendUnavailable(f"llama.cpp could not create a context for {self.model_path}")
+        if self.adapter_path is not None:
+            self._apply_adapter(self.adapter_path)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
         self._free_slots = list(range(self.max_sequences))
+
+    def _apply_adapter(self, path: str) -> None:
+        """Load the LoRA adapter at ``path`` onto the model and set it on the
+        context. llama.cpp says why a file is refused (wrong architecture or
+        shapes, not an adapter) only in its log, which is printed here."""
+        with suppress_stdout_stderr(disable=False):
+            self._adapter = llama_cpp.llama_adapter_lora_init(self._model, path.encode())
+        if not self._adapter:
+            self._adapter = None
+            raise BackendUnavailable(
+                f"llama.cpp could not load the LoRA adapter {path} onto {self.model_path} "
+                "(not a GGUF LoRA adapter of this model: its log above says why)"
+            )
+        adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(self._adapter)
+        scales = (ctypes.c_float * 1)(1.0)
+        if llama_cpp.llama_set_adapters_lora(self._ctx, adapters, 1, scales) != 0:
+            raise BackendUnavailable(
+                f"llama.cpp could not apply the LoRA adapter {path} to {self.model_path}"
+            )
 
     def _free(self) -> None:
         if self._batch is not None:
@@ -384,6 +410,9 @@ class BatchDecoder:
         if self._ctx is not None:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+        if self._adapter is not None:
+            llama_cpp.llama_adapter_lora_free(self._adapter)
+            self._adapter = None
         if self._model is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None

@@ -11,6 +11,10 @@ base model (or a GGUF without a template) gets a Question/Answer transcript
 that ends at the next question or blank line, its answer stripped. A
 request's deadline bounds its generation: past it, that sequence ends with
 INF-503 while the others go on.
+
+A version with a LoRA ``adapter`` (``ModelEntry.adapter``) has it loaded
+with the model and applied to every sequence; an adapter that is missing
+or that llama.cpp refuses fails ``load`` with INF-502 naming the file.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from schemas.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, LanewayError
@@ -28,7 +33,7 @@ from schemas.settings import BackendSettings
 from workers.backends.base import ErrorMap, Generation, GenerationInput, Outcome, until_unwanted
 from workers.backends.llama_batch import LLAMA_CPP_ERRORS, BatchDecoder, Decoded, SequenceRequest
 from workers.backends.pieces import AnswerPieces, PieceRelay, Utf8Pieces
-from workers.models import prompt_style, resolve_gguf
+from workers.models import prompt_style, resolve_adapter, resolve_gguf
 
 __all__ = ["TRANSCRIPT_STOPS", "LlamaCppBackend", "Prompt", "as_transcript"]
 
@@ -49,9 +54,11 @@ class LlamaCppBackend:
     kind = "llamacpp"
     errors: ClassVar[ErrorMap] = LLAMA_CPP_ERRORS
 
-    def __init__(self, model: str, settings: BackendSettings) -> None:
+    def __init__(self, model: str, settings: BackendSettings, adapter: Path | None = None) -> None:
         self.model = model
         self._settings = settings
+        self.adapter = adapter
+        """The version's LoRA adapter (``workers.models.resolve_adapter``), or ``None``."""
         self._style = prompt_style(model)
         self._decoder: BatchDecoder | None = None
         self._template: Any = None
@@ -61,6 +68,7 @@ class LlamaCppBackend:
 
     async def load(self) -> None:
         path = await asyncio.to_thread(resolve_gguf, self.model, self._settings.model_dir)
+        adapter = None if self.adapter is None else resolve_adapter(self.kind, self.adapter)
         decoder = BatchDecoder(
             str(path),
             n_ctx=self._settings.n_ctx,
@@ -69,9 +77,12 @@ class LlamaCppBackend:
             n_threads=self._settings.n_threads,
             repeat_penalty=self._settings.repeat_penalty,
             batch_invariant=self._settings.llamacpp_batch_invariant,
+            adapter=None if adapter is None else str(adapter),
         )
         try:
             await asyncio.wrap_future(decoder.start())
+        except LanewayError:
+            raise  # it names the file (the adapter's, when that failed)
         except Exception as exc:
             raise BackendUnavailable(f"llama.cpp could not load {path}: {exc}") from exc
         template = decoder.metadata.get("tokenizer.chat_template")

@@ -22,6 +22,12 @@ The decisions are plain functions, tested without vLLM or a GPU
 ``map_vllm_exception`` and ``generation_from``; that vLLM takes what they
 make is checked against the installed vllm, on the CPU
 (``tests/unit/workers/test_vllm_api.py``, skipped without ``laneway[gpu]``).
+
+A version with a LoRA ``adapter`` (``ModelEntry.adapter``: a PEFT
+directory, ``workers.models.resolve_adapter``) gets an engine with LoRA
+enabled for one adapter of its rank (``engine_options``), and each of its
+requests carries the adapter as a ``LoRARequest`` (``lora_options``). One
+engine per version: the base model and the student do not share one.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import json
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -58,6 +65,7 @@ from workers.backends.base import (
 )
 from workers.backends.pieces import AnswerPieces
 from workers.backends.vllm_headroom import SequenceGate, concurrency_limit
+from workers.models import resolve_adapter
 
 __all__ = [
     "DeltaJoin",
@@ -65,6 +73,8 @@ __all__ = [
     "engine_options",
     "generation_from",
     "last_before_deadline",
+    "lora_options",
+    "lora_rank",
     "map_vllm_exception",
     "model_source",
     "platform_problem",
@@ -106,11 +116,40 @@ def platform_problem(platform: Any) -> str | None:
     return None
 
 
-def engine_options(model: str, source: str, settings: BackendSettings) -> dict[str, Any]:
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM's engine accepts."""
+
+
+def lora_rank(adapter: Path) -> int:
+    """The ``max_lora_rank`` a PEFT adapter directory needs: its
+    ``adapter_config.json``'s ``r``, rounded up to a rank vLLM takes."""
+    config = adapter / "adapter_config.json"
+    try:
+        r = int(json.loads(config.read_text())["r"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BackendUnavailable(f"LoRA adapter {config}: no rank r to read: {exc}") from exc
+    fits = [rank for rank in LORA_RANKS if rank >= r]
+    if r < 1 or not fits:
+        raise BackendUnavailable(
+            f"LoRA adapter {config}: rank {r} is not one vLLM serves (at most {LORA_RANKS[-1]})"
+        )
+    return fits[0]
+
+
+def lora_options(model: str, adapter: Path) -> dict[str, Any]:
+    """vLLM ``LoRARequest`` keywords for ``model``'s adapter directory
+    (``resolve_adapter``'s): the engine serves this one adapter, id 1."""
+    return {"lora_name": f"{model}+{adapter.name}", "lora_int_id": 1, "lora_path": str(adapter)}
+
+
+def engine_options(
+    model: str, source: str, settings: BackendSettings, lora_rank: int | None = None
+) -> dict[str, Any]:
     """vLLM ``AsyncEngineArgs`` keywords for ``model`` loaded from ``source``
     (``model_source``): the settings' length, memory share and eager mode;
     ``max_num_seqs`` only where the settings give one (vLLM's own default
-    otherwise)."""
+    otherwise); with ``lora_rank`` (a version with an adapter), LoRA on for
+    one adapter of at most that rank."""
     options: dict[str, Any] = {
         "model": source,
         "served_model_name": model,
@@ -121,6 +160,8 @@ def engine_options(model: str, source: str, settings: BackendSettings) -> dict[s
     }
     if settings.vllm_max_num_seqs is not None:
         options["max_num_seqs"] = settings.vllm_max_num_seqs
+    if lora_rank is not None:
+        options.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank)
     return options
 
 
@@ -304,9 +345,13 @@ class VLLMBackend:
         """``vllm_errors``, built when first asked for (it imports torch)."""
         return vllm_errors()
 
-    def __init__(self, model: str, settings: BackendSettings) -> None:
+    def __init__(self, model: str, settings: BackendSettings, adapter: Path | None = None) -> None:
         self.model = model
         self._settings = settings
+        self.adapter = adapter
+        """The version's LoRA adapter (``workers.models.resolve_adapter``), or ``None``."""
+        self._lora: Any = None
+        """The ``LoRARequest`` every request carries (``None``: the base model)."""
         self._engine: Any = None
         self._tokenizer: Any = None
         self._vllm: dict[str, Any] = {}
@@ -331,6 +376,7 @@ class VLLMBackend:
         try:
             from vllm import AsyncEngineArgs, AsyncLLMEngine, SamplingParams
             from vllm.inputs import tokens_input
+            from vllm.lora.request import LoRARequest
             from vllm.platforms import current_platform
             from vllm.sampling_params import RequestOutputKind
         except ImportError as exc:
@@ -339,7 +385,9 @@ class VLLMBackend:
         if problem is not None:
             raise BackendUnavailable(f"vLLM cannot load {self.model}: {problem}")
         source = model_source(self.model, self._settings.vllm_model_dir)
-        args = AsyncEngineArgs(**engine_options(self.model, source, self._settings))
+        adapter = None if self.adapter is None else resolve_adapter(self.kind, self.adapter)
+        rank = None if adapter is None else lora_rank(adapter)
+        args = AsyncEngineArgs(**engine_options(self.model, source, self._settings, rank))
         try:
             engine = AsyncLLMEngine.from_engine_args(args)
         except Exception as exc:
@@ -354,6 +402,8 @@ class VLLMBackend:
             engine.shutdown()
             raise BackendUnavailable(f"vLLM has no tokenizer for {source}: {exc}") from exc
         self._engine, self._tokenizer = engine, tokenizer
+        if adapter is not None:
+            self._lora = LoRARequest(**lora_options(self.model, adapter))
         if not getattr(tokenizer, "chat_template", None):
             # As llama.cpp prompts base models (its module loads llama.cpp itself).
             from workers.backends.llamacpp import TRANSCRIPT_STOPS, as_transcript
@@ -417,7 +467,10 @@ class VLLMBackend:
                 )
             try:
                 params = self._vllm["SamplingParams"](**options, output_kind=kind)
-                stream = engine.generate(self._vllm["tokens_input"](ids), params, request_id)
+                adapter = {} if self._lora is None else {"lora_request": self._lora}
+                stream = engine.generate(
+                    self._vllm["tokens_input"](ids), params, request_id, **adapter
+                )
                 final = await last_before_deadline(
                     stream,
                     item.deadline,

@@ -29,6 +29,8 @@ from workers.backends.vllm import (
     engine_options,
     generation_from,
     last_before_deadline,
+    lora_options,
+    lora_rank,
     map_vllm_exception,
     model_source,
     platform_problem,
@@ -109,6 +111,29 @@ def test_max_num_seqs_goes_to_the_engine_only_when_set() -> None:
     assert (
         engine_options("heavy", "heavy", BackendSettings(vllm_max_num_seqs=8))["max_num_seqs"] == 8
     )
+
+
+def test_a_version_with_an_adapter_gets_an_engine_with_lora_for_its_rank(tmp_path: Path) -> None:
+    (tmp_path / "adapter_config.json").write_text('{"r": 12, "lora_alpha": 24}')
+    assert lora_rank(tmp_path) == 16  # vLLM's ranks: 8, 16, 32, ...
+    options = engine_options("light", "/models/light", BackendSettings(), lora_rank(tmp_path))
+    assert (options["enable_lora"], options["max_loras"], options["max_lora_rank"]) == (
+        True,
+        1,
+        16,
+    )
+    assert "enable_lora" not in engine_options("light", "/models/light", BackendSettings())
+    assert lora_options("light", tmp_path) == {
+        "lora_name": f"light+{tmp_path.name}",
+        "lora_int_id": 1,
+        "lora_path": str(tmp_path),
+    }
+    (tmp_path / "adapter_config.json").write_text('{"r": 1024}')
+    with pytest.raises(BackendUnavailable, match="rank 1024"):
+        lora_rank(tmp_path)
+    (tmp_path / "adapter_config.json").unlink()
+    with pytest.raises(BackendUnavailable, match=r"adapter_config\.json"):
+        lora_rank(tmp_path)
 
 
 # -- sampling parameters -------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -29,6 +30,7 @@ from workers.backends.llamacpp import TRANSCRIPT_STOPS
 from workers.backends.vllm import (
     engine_options,
     generation_from,
+    lora_options,
     map_vllm_exception,
     platform_problem,
     sampling_options,
@@ -93,6 +95,20 @@ def test_sampling_params_take_the_backends_options(
     assert params.output_kind == RequestOutputKind.FINAL_ONLY
     streamed = vllm.SamplingParams(**options, output_kind=RequestOutputKind.DELTA)
     assert streamed.output_kind == RequestOutputKind.DELTA  # a streamed request's deltas
+
+
+def test_a_version_with_an_adapter_is_served_as_the_engine_takes_it(
+    vllm: ModuleType, tmp_path: Path
+) -> None:
+    """LoRA on in the engine's arguments, the adapter a ``LoRARequest``, and
+    ``generate`` taking it as ``lora_request``."""
+    from vllm.lora.request import LoRARequest
+
+    args = vllm.AsyncEngineArgs(**engine_options("light", "/models/light", BackendSettings(), 16))
+    assert args.enable_lora is True and args.max_loras == 1 and args.max_lora_rank == 16
+    request = LoRARequest(**lora_options("light", tmp_path))
+    assert request.lora_int_id == 1 and request.lora_path == str(tmp_path)
+    assert "lora_request" in inspect.signature(vllm.AsyncLLMEngine.generate).parameters
 
 
 def test_a_token_prompt_is_built_as_the_engine_takes_it(vllm: ModuleType) -> None:
