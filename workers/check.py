@@ -133,14 +133,20 @@ async def check_paths(
     return checks
 
 
-def run_check(settings: Settings, paths: Sequence[str] | None, *, as_json: bool = False) -> int:
-    """``laneway check``: 0 when every model answered, else 1; ``paths``:
-    the model paths to check (``None``: every path of the registry)."""
-    registry = load_registry(settings.routing.models_file, settings.backend)
+def _known_paths(registry: ModelRegistry, paths: Sequence[str] | None) -> bool:
+    """Whether the registry has every path asked for (else it says which not)."""
     known = [str(p) for p in registry.model_paths]
     unknown = [p for p in paths or () if p not in known]
     if unknown:
         print(f"laneway check: no model path {unknown} in the registry: it has {known}")
+    return not unknown
+
+
+def run_check(settings: Settings, paths: Sequence[str] | None, *, as_json: bool = False) -> int:
+    """``laneway check``: 0 when every model answered, else 1; ``paths``:
+    the model paths to check (``None``: every path of the registry)."""
+    registry = load_registry(settings.routing.models_file, settings.backend)
+    if not _known_paths(registry, paths):
         return 2
     chosen = [AnswerPath(p) for p in paths] if paths else list(registry.model_paths)
     checks = asyncio.run(check_paths(settings, chosen))
@@ -190,10 +196,7 @@ def run_tune(
     loads; neither: every model path). 0 when every one was measured, 1
     when one failed, 2 on a path or lane the registry does not have."""
     registry = load_registry(settings.routing.models_file, settings.backend)
-    known = [str(p) for p in registry.model_paths]
-    unknown = [p for p in paths or () if p not in known]
-    if unknown:
-        print(f"laneway check: no model path {unknown} in the registry: it has {known}")
+    if not _known_paths(registry, paths):
         return 2
     if paths:
         chosen = [AnswerPath(p) for p in paths]

@@ -212,6 +212,23 @@ async def test_a_failing_canary_is_rolled_back_automatically(
     assert row["share"] == 0.0 and row["set_by"] == "rollback" and row["reason"] == live.reason
 
 
+async def shadow_answers(rollout: Settings, tag: str, count: int) -> list[InferenceResult]:
+    """The shadow answers on ``laneway.shadow`` to the requests whose ids
+    start with ``tag``, once ``count`` of them are there (at most a minute,
+    for the copies that wait behind the live work)."""
+    shadows: list[InferenceResult] = []
+    for _ in range(120):
+        shadows = [
+            InferenceResult.model_validate_json(r.value)
+            for r in await read_topic(rollout, rollout.topic("shadow"), timeout_s=5)
+        ]
+        shadows = [s for s in shadows if s.id.startswith(tag)]
+        if len({s.id for s in shadows}) == count:
+            break
+        await asyncio.sleep(0.5)
+    return shadows
+
+
 async def test_shadow_answers_are_recorded_and_never_reach_the_client(
     rollout: Settings, rollout_env: dict[str, str]
 ) -> None:
@@ -222,16 +239,7 @@ async def test_shadow_answers_are_recorded_and_never_reach_the_client(
     async with LanewayClient(rollout.kafka, client_id=client_id) as client:
         results = await ask_all(client, 4, tag)
         assert {(r.status, r.version) for r in results} == {("ok", "q4_k_m")}, results
-        shadows: list[InferenceResult] = []
-        for _ in range(120):  # bounded: a minute, for the copies behind the live work
-            shadows = [
-                InferenceResult.model_validate_json(r.value)
-                for r in await read_topic(rollout, rollout.topic("shadow"), timeout_s=5)
-            ]
-            shadows = [s for s in shadows if s.id.startswith(tag)]
-            if len({s.id for s in shadows}) == 4:
-                break
-            await asyncio.sleep(0.5)
+        shadows = await shadow_answers(rollout, tag, 4)
     assert {s.id for s in shadows} == {r.id for r in results}, shadows
     assert {(s.version, s.model) for s in shadows} == {("smol", "llamacpp:smollm2-135m")}
     # Nothing of the shadow's reached the client's reply topic or the results topic.
@@ -262,16 +270,7 @@ async def test_a_student_with_an_adapter_serves_as_a_shadow(
     async with LanewayClient(rollout.kafka, client_id=f"student-{uuid.uuid4().hex[:6]}") as client:
         results = await ask_all(client, 4, tag)
     assert {(r.status, r.version) for r in results} == {("ok", "q4_k_m")}, results
-    shadows: list[InferenceResult] = []
-    for _ in range(120):  # bounded: a minute, for the copies behind the live work
-        shadows = [
-            InferenceResult.model_validate_json(r.value)
-            for r in await read_topic(rollout, rollout.topic("shadow"), timeout_s=5)
-        ]
-        shadows = [s for s in shadows if s.id.startswith(tag)]
-        if len({s.id for s in shadows}) == 4:
-            break
-        await asyncio.sleep(0.5)
+    shadows = await shadow_answers(rollout, tag, 4)
     assert {s.id for s in shadows} == {r.id for r in results}, shadows
     assert {(s.status, s.version, s.model) for s in shadows} == {
         ("ok", "student", "llamacpp:smollm2-135m")
