@@ -1,9 +1,10 @@
 """A short chaos run (``laneway bench chaos``): two classifiers, two routers,
 two batch trackers and two medium workers over 8 partitions and a Valkey
-Cluster, with traffic flowing while a lane worker
-is SIGKILLed, a classifier is SIGKILLed, a Redis primary is killed and a
-worker is stopped past its session timeout. Nothing is lost, and the
-duplicates are what CONTRACT.md allows (the same result, the same id).
+Cluster, with traffic flowing while a medium worker is SIGKILLed, a router
+is SIGKILLed, a Redis primary is killed and a worker is stopped past its
+session timeout. Nothing is lost, the duplicates are what CONTRACT.md
+allows (the same result, the same id), and only the killed processes were
+restarted.
 
 The full run, every kind of process in turn, is the benchmark
 (docs/delivery.md, "Under faults")."""
@@ -20,7 +21,7 @@ from streams.bench.chaos import report, run_chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-FAULTS = ("worker-medium", "classifier", "redis-primary", "worker-stop")
+FAULTS = ("worker-medium", "router", "redis-primary", "worker-stop")
 LANES = (Lane.REALTIME, Lane.MEDIUM, Lane.MEDIUM, Lane.BULK)
 """Two workers where the faults are (medium), one on the other lanes: each
 worker loads its models while the rest start, on two shared cores."""
@@ -55,9 +56,10 @@ def test_replicas_under_faults_lose_nothing(tmp_path: Path) -> None:
     assert counted.unknown == 0, "replies to requests never sent"
     assert counted.conflicting == 0, "copies of one id's result that disagree"
     assert counted.within_contract
-    # The killed processes came back (the supervisor restarted them).
-    assert chaos.restarts.get("worker-medium", 0) >= 1
-    assert chaos.restarts.get("classifier", 0) >= 1
+    # The killed processes came back (the supervisor restarted them), and
+    # nothing else fell over: the router replica that takes over the killed
+    # one's partitions once crashed in faust's table recovery.
+    assert chaos.restarts == {"worker-medium": 1, "router": 1}
     # Every kind of request went through, and most are answers, not errors.
     kinds = {s.kind for s in chaos.sent.values()}
     assert kinds == {"rule", "cache", "model"}
