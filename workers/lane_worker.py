@@ -164,6 +164,13 @@ class LaneWorker:
         return self.runner.executor
 
     async def start(self) -> None:
+        """Load and probe the models, then join the lane's group. In that
+        order: a worker that joined first was handed its share of the
+        partitions at once and held them unread while it loaded (a lane
+        worker restarted beside a replica kept half the lane's requests
+        waiting ~30 s on two cores, ``laneway bench chaos``); joining once it
+        can answer, its replica keeps every partition meanwhile."""
+        await self._warm_up()
         options = self.settings.kafka.client_options()
         self._producer = AIOKafkaProducer(
             acks="all",
@@ -186,7 +193,6 @@ class LaneWorker:
         await self.relay.start()
         if self.cancel_watch is not None:
             await self.cancel_watch.start()
-        await self._warm_up()
         IN_FLIGHT.labels(self.lane).set(0)  # listed from the start: 0, not unknown
         log.info("%s worker started on %s", self.lane, self.topic)
 

@@ -35,6 +35,7 @@ MODES = (
     "router",
     "gpu",
     "gateway",
+    "chaos",
 )
 """Every mode, the module ``streams.bench.<mode with _ for ->``."""
 

@@ -89,10 +89,14 @@ class Stack:
         workers_only: bool = False,
         log_path: Path | None = None,
         gateway_port: int | None = None,
+        replicas: int = 1,
     ) -> None:
         """``lanes``: a worker for each (a lane named twice gets two, in
-        one consumer group). ``workers_only``: the lane workers alone, no classifier, router or
-        batch tracker (a benchmark of the workers' share). ``log_path``: the
+        one consumer group). ``replicas``: how many classifiers, routers
+        and batch trackers (the second of each is named ``classifier-2``,
+        and so on; each kind shares one consumer group). ``workers_only``:
+        the lane workers alone, no classifier, router or batch tracker (a
+        benchmark of the workers' share). ``log_path``: the
         children's output goes there, and ``out`` gets status lines only.
         ``gateway_port``: also the OpenAI-compatible gateway, its API on
         that port (0: a free one)."""
@@ -128,6 +132,16 @@ class Stack:
             gateway_env = {"LANEWAY_GATEWAY_PORT": str(self.gateway_port)}
             ops_port = http_port_base + len(lanes) + 3 if http_port_base else free_port()
             self.children.append(Child("gateway", ["gateway"], ops_port, env=gateway_env))
+        if replicas < 1:
+            raise ValueError(f"replicas must be 1 or more, not {replicas}")
+        for nth in range(2, replicas + 1):
+            for name, args in (
+                ("classifier", ["classifier"]),
+                ("router", ["router"]),
+                ("batch-tracker", ["batch", "tracker"]),
+            ):
+                port = http_port_base + len(self.children) if http_port_base else free_port()
+                self.children.append(Child(f"{name}-{nth}", args, port))
         if workers_only:
             self.children = [c for c in self.children if c.name.startswith("worker-")]
         self._stopping = False
@@ -324,6 +338,37 @@ class Stack:
             signal.signal(sig, lambda *_: stop.set())
         while not stop.wait(0.5):
             self.supervise_once()
+
+    @contextlib.contextmanager
+    def supervising(self, every_s: float = 0.5) -> Iterator[Stack]:
+        """Restart dead children every ``every_s`` from a thread while the
+        block runs (``run`` without the signal handlers, for a stack that a
+        benchmark breaks on purpose)."""
+        stop = threading.Event()
+
+        def supervise() -> None:
+            while not stop.wait(every_s):
+                self.supervise_once()
+
+        thread = threading.Thread(target=supervise, name="supervisor", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join(timeout=35)  # a restart pause is at most 30 s
+
+    def wait_restarted(self, child: Child, restarts: int, timeout_s: float) -> None:
+        """Wait until ``child`` has been restarted since it had ``restarts``
+        restarts, and answers ``/readyz`` (a worker: its models loaded)."""
+        give_up = time.monotonic() + timeout_s
+        while not (child.restarts > restarts and child.alive() and is_ready(child.http_port)):
+            if time.monotonic() > give_up:
+                raise TimeoutError(
+                    f"{child.name} not restarted and ready within {timeout_s:.0f} s "
+                    f"(restarts {child.restarts}, alive {child.alive()})"
+                )
+            time.sleep(0.2)
 
     def metric_total(self, name: str, children: str = "") -> float:
         """The sum of metric ``name`` over the children whose name starts

@@ -82,6 +82,8 @@ from streams.quality.records import (
     merge_all,
     merge_routers,
     merge_versions,
+    owned_records,
+    read_parts,
 )
 from streams.rollout.board import RolloutBoard
 from streams.rollout.rollback import decide, routers_to_drain
@@ -309,11 +311,7 @@ class QualityService:
             for tp in self.app.consumer.assignment()
             if tp.topic == self.quality.get_topic_name()
         }
-        mine: dict[str, str] = {}
-        for name, value in list(self.table.items()):
-            _, _, partition = str(name).partition("@")
-            if value and partition.isdigit() and int(partition) in owned:
-                mine[str(name)] = json.dumps(value)
+        mine = owned_records(list(self.table.items()), owned)
         try:
             if mine:
                 await redis.hset(parts_key, mapping=mine)
@@ -323,12 +321,10 @@ class QualityService:
             REDIS_ERRORS.labels("route").inc()
             log.warning("route statistics not published: %s", exc)
             return
-        fields = {}
-        for name, raw in everyone.items():
-            try:
-                fields[_text(name)] = PartStats.from_json(raw)
-            except (ValueError, TypeError, KeyError) as exc:
-                log.warning("route statistics part %r unreadable: %s", name, exc)
+        fields = read_parts(
+            everyone,
+            lambda name, exc: log.warning("route statistics part %r unreadable: %s", name, exc),
+        )
         routing = self.settings.routing
         snapshot = merge_all(
             fields, routing.success_window, routing.ewma_alpha, routing.feedback_weight
@@ -529,7 +525,3 @@ async def _recall(redis: Any, key: str) -> Answered | None:
         log.debug("feedback join failed: %s", exc)
         return None
     return Answered.from_json(raw) if raw else None
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,8 @@ __all__ = [
     "merge_all",
     "merge_routers",
     "merge_versions",
+    "owned_records",
+    "read_parts",
     "router_field",
     "version_field",
 ]
@@ -216,6 +218,36 @@ class PartStats:
         heavy = [int(h) for h in data.get("heavy", [])]
         verdicts = [(int(t), float(v)) for t, v in data.get("verdicts", [])]
         return cls(stats, int(data.get("feedbacks", 0)), ts, samples, heavy, verdicts)
+
+
+def owned_records(table: Iterable[tuple[str, Any]], owned: set[int]) -> dict[str, str]:
+    """What a replica writes to ``<prefix>:route:parts`` at each publish:
+    the records of its table (``(field, value)`` pairs) whose partition it
+    owns now, as JSON. A record of a partition a rebalance took away stays
+    in its table (the changelog's) but is the new owner's to write."""
+    mine: dict[str, str] = {}
+    for name, value in table:
+        _, _, partition = str(name).partition("@")
+        if value and partition.isdigit() and int(partition) in owned:
+            mine[str(name)] = json.dumps(value)
+    return mine
+
+
+def read_parts(
+    everyone: Mapping[Any, Any], warn: Callable[[str, Exception], None] | None = None
+) -> dict[str, PartStats]:
+    """Every replica's records as read back from ``<prefix>:route:parts``
+    (fields and values as bytes or str); one that cannot be read is left out
+    (and handed to ``warn``)."""
+    fields: dict[str, PartStats] = {}
+    for name, raw in everyone.items():
+        text = name.decode() if isinstance(name, bytes) else str(name)
+        try:
+            fields[text] = PartStats.from_json(raw)
+        except (ValueError, TypeError, KeyError) as exc:
+            if warn is not None:
+                warn(text, exc)
+    return fields
 
 
 def merge(
