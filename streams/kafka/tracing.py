@@ -88,7 +88,9 @@ _GETTER = _KafkaHeaders()
 def extract(headers: Headers) -> Context:
     """The context a record's headers carry, to start its span in: empty
     when there is no valid ``traceparent`` (the span then starts a trace)."""
-    return PROPAGATOR.extract(list(headers or ()), getter=_GETTER)
+    if not headers:  # what the propagator gives an empty carrier, without asking it
+        return Context()
+    return PROPAGATOR.extract(list(headers), getter=_GETTER)
 
 
 def extract_http(headers: Mapping[str, str]) -> Context:
