@@ -41,35 +41,42 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.messages import AnswerPath, InferenceRequest, InferenceResult
 from schemas.settings import Settings
 from streams.bench.lag import Follower, caught_up, followers, pace
 from streams.bench.results import BenchRun, Figure
 from streams.cache.response import ResponseCache
+from streams.classify.stages import LOOP_STAGES
 from streams.devstack.embedded import EmbeddedBroker, EmbeddedRedis, free_port
-from streams.devstack.supervisor import is_ready, metric_total
+from streams.devstack.supervisor import is_ready
 from streams.kafka.topics import create_topics, wait_for_broker
 
 __all__ = [
     "HELP",
     "BenchProcess",
     "Classifier",
+    "Counted",
     "PhaseRow",
     "add_arguments",
+    "counted",
     "format_rows",
+    "format_stages",
     "lag_figures",
     "main",
     "measure",
     "phase_requests",
     "run",
+    "stage_figures",
 ]
 
 HELP = "one classifier process alone: rule, exact-cache and semantic answers per second"
@@ -134,6 +141,11 @@ class PhaseRow:
     """CPU time the classifier process used in the phase (Linux only)."""
     batches: float | None = None
     """Batches the classifier took in the phase (from its /metrics)."""
+    taken: float | None = None
+    """Request records in those batches (from its /metrics)."""
+    stages: Mapping[str, float] | None = None
+    """Seconds the classifier's request loop spent per stage in the phase
+    (``streams.classify.stages``; ``None`` for a classifier without them)."""
     router_behind_s: float | None = None
     """From the last reply until the router's group had no lag (``--lag``)."""
     tracker_behind_s: float | None = None
@@ -153,7 +165,27 @@ class PhaseRow:
 
     @property
     def mean_batch(self) -> float | None:
-        return self.answered / self.batches if self.batches else None
+        """Records per batch the classifier took in the phase.
+
+        Under a burst of ``n`` every batch but the first few is full
+        (``LANEWAY_CLASSIFIER_BATCH_MAX``), so this stays near that cap
+        whatever the phase: ``n`` over ``ceil(n / cap)`` batches."""
+        if not self.batches or self.taken is None:
+            return None
+        return self.taken / self.batches
+
+    def stage_us(self) -> dict[str, float] | None:
+        """Wall microseconds per answered request of each stage of the
+        request loop, and ``left``: the rest of the phase's time per request
+        (the consumer's fetch, the event loop between batches, the first
+        request's way in and the last reply's way out)."""
+        if self.stages is None or not self.answered:
+            return None
+        out = {stage: self.stages.get(stage, 0.0) / self.answered * 1e6 for stage in LOOP_STAGES}
+        out["left"] = self.seconds / self.answered * 1e6 - sum(out.values())
+        if "deliver" in self.stages:
+            out["deliver"] = self.stages["deliver"] / self.answered * 1e6
+        return out
 
     @property
     def cpu_us(self) -> float | None:
@@ -207,6 +239,30 @@ def format_rows(rows: Sequence[PhaseRow]) -> str:
     return "\n".join(lines)
 
 
+_BREAKDOWN = (*LOOP_STAGES, "left")
+
+
+def format_stages(rows: Sequence[PhaseRow]) -> str:
+    """Where each phase's time went, per answered request: each stage of
+    the classifier's request loop in microseconds and as a share of the
+    phase's time per request (rows of a classifier without the stage
+    counters are left out; empty when none has them)."""
+    measured = [(r, us) for r in rows if (us := r.stage_us()) is not None]
+    if not measured:
+        return ""
+    head = f"{'classifier':12} {'phase':9} {'us/req':>7} " + " ".join(
+        f"{stage:>13}" for stage in _BREAKDOWN
+    )
+    head += f" {'deliver':>8}"
+    lines = [head, "-" * len(head)]
+    for r, us in measured:
+        wall = r.seconds / r.answered * 1e6
+        cells = " ".join(f"{us[stage]:7.1f} {us[stage] / wall:5.0%}" for stage in _BREAKDOWN)
+        deliver = f"{us['deliver']:8.1f}" if "deliver" in us else f"{'-':>8}"
+        lines.append(f"{r.label:12} {r.phase:9} {wall:7.1f} {cells} {deliver}")
+    return "\n".join(lines)
+
+
 def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU seconds of process ``pid`` so far (Linux), else
     ``None`` (also for no process)."""
@@ -219,10 +275,52 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def batches_taken(port: int) -> float | None:
-    """``laneway_classifier_batch_size_count`` from the classifier's
-    /metrics (``None`` for a classifier without it, e.g. the baseline)."""
-    return metric_total(port, "laneway_classifier_batch_size_count")
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """What the classifier's /metrics counted so far."""
+
+    batches: float | None = None
+    """Batches taken (``laneway_classifier_batch_size_count``)."""
+    taken: float | None = None
+    """Records in them (``laneway_classifier_batch_size_sum``)."""
+    stages: Mapping[str, float] | None = None
+    """Seconds per stage (``laneway_classifier_stage_seconds_total``)."""
+
+    def since(self, before: Counted) -> Counted:
+        """What was counted after ``before``."""
+
+        def less(now: float | None, then: float | None) -> float | None:
+            return now - then if now is not None and then is not None else None
+
+        stages = None
+        if self.stages is not None and before.stages is not None:
+            stages = {k: v - before.stages.get(k, 0.0) for k, v in self.stages.items()}
+        return Counted(less(self.batches, before.batches), less(self.taken, before.taken), stages)
+
+
+def counted(port: int) -> Counted:
+    """The classifier's batch and stage counters from its /metrics (each
+    ``None`` when it does not export them, e.g. an older baseline)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return Counted()
+    batches = taken = None
+    stages: dict[str, float] | None = None
+    for family in text_string_to_metric_families(text):
+        if family.name == "laneway_classifier_batch_size":
+            for sample in family.samples:
+                if sample.name.endswith("_count"):
+                    batches = sample.value
+                elif sample.name.endswith("_sum"):
+                    taken = sample.value
+        elif family.name == "laneway_classifier_stage_seconds":
+            stages = stages if stages is not None else {}
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    stages[sample.labels["stage"]] = sample.value
+    return Counted(batches, taken, stages)
 
 
 class BenchProcess:
@@ -401,7 +499,7 @@ async def _phase(
     ids = {body["id"] for body in bodies}
     pid = classifier.proc.pid if classifier.proc is not None else None
     cpu_before = cpu_seconds(pid)
-    batches_before = batches_taken(classifier.port)
+    counted_before = counted(classifier.port)
     started = time.perf_counter()
     futures = [
         await producer.send(topic, json.dumps(body).encode(), key=body["id"].encode())
@@ -410,7 +508,7 @@ async def _phase(
     await asyncio.gather(*futures)
     await replies.wait_for(ids)
     cpu_after = cpu_seconds(pid)
-    batches_after = batches_taken(classifier.port)
+    in_phase = counted(classifier.port).since(counted_before)
     answered = [replies.seen[i] for i in ids if i in replies.seen]
     finished = max((at for at, _ in answered), default=started)
     behind: dict[str, float | None] = {}
@@ -419,11 +517,6 @@ async def _phase(
             behind[follower.name] = await _behind(follower, before, n, finished)
     meant = sum(expected_kind(phase, result) for _, result in answered)
     cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
-    batches = (
-        batches_after - batches_before
-        if batches_after is not None and batches_before is not None
-        else None
-    )
     return PhaseRow(
         classifier.label,
         phase,
@@ -432,7 +525,9 @@ async def _phase(
         meant,
         finished - started,
         cpu,
-        batches,
+        in_phase.batches,
+        in_phase.taken,
+        in_phase.stages,
         behind.get("router"),
         behind.get("tracker"),
     )
@@ -556,6 +651,15 @@ def measure(
             f"({share:.0%} of requests batched)"
         )
     print(format_rows(rows))
+    stages = format_stages(rows)
+    if stages:
+        print(
+            "\nthe classifier's time per request, by stage of its request loop (us, share of "
+            "the phase's time per request); left: the consumer and the event loop between "
+            "batches; deliver: each batch's delivery (send, acks, sessions), in the background "
+            "while the next batch is looked up\n"
+        )
+        print(stages)
     if baseline is not None:
         for phase in PHASES:
             before = next(r for r in rows if r.label == "baseline" and r.phase == phase)
@@ -572,12 +676,30 @@ def measure(
             figures[f"{r.phase}_cpu_us"] = Figure(
                 round(r.cpu_us), "us", f"{r.phase}: the classifier's CPU per request"
             )
+    figures.update(stage_figures([r for r in rows if r.label == "this"]))
     if with_lag:
         figures.update(lag_figures([r for r in rows if r.label == "this"]))
     late = with_lag and any(
         r.router_pace is None or r.tracker_pace is None for r in rows if r.label == "this"
     )
     return BenchRun(1 if late or any(r.answered < r.sent for r in rows) else 0, figures)
+
+
+def stage_figures(rows: Sequence[PhaseRow]) -> dict[str, Figure]:
+    """Each phase's mean batch and time per request by stage, as result figures."""
+    figures = {}
+    for r in rows:
+        if r.mean_batch is not None:
+            figures[f"{r.phase}_batch"] = Figure(
+                round(r.mean_batch, 1), "records", f"{r.phase}: records per batch taken"
+            )
+        for stage, us in (r.stage_us() or {}).items():
+            figures[f"{r.phase}_{stage}_us"] = Figure(
+                round(us, 1),
+                "us",
+                f"{r.phase}: wall time per request in the classifier's {stage} stage",
+            )
+    return figures
 
 
 def lag_figures(rows: Sequence[PhaseRow]) -> dict[str, Figure]:

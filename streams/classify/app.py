@@ -56,6 +56,7 @@ from streams.classify.flow import FlowController
 from streams.classify.gate import RealtimeGate, realtime_workers
 from streams.classify.policy import Decision
 from streams.classify.router import RouteBoard, SmartRouter
+from streams.classify.stages import STAGE_SECONDS
 from streams.classify.tokens import TokenCounter
 from streams.kafka.batches import BatchSend
 from streams.kafka.envelopes import Outbound, deliver
@@ -245,9 +246,10 @@ class ClassifierService:
             await self.read_realtime_load()
         await self.intake.start()
         pipeline = Pipeline()  # batch N is produced and acked while N+1 is looked up
-        spans = self.spans
+        spans, clock = self.spans, self.batches.clock
         try:
             async for taken in self.intake.batches():
+                clock.start()  # the time between batches: the consumer and the event loop
                 taken_ns = time.time_ns()
                 BATCH_SIZE.observe(len(taken.records))
                 records = [source_record(record) for record in taken.records]
@@ -269,7 +271,9 @@ class ClassifierService:
                     done += len(wave)
                     if done < len(records):  # another wave: it reads what this one wrote
                         await pipeline.wait()
+                    clock.lap("produce")
                 pipeline.chain(partial(self.acked, taken))
+                clock.flush()
         except BaseException:
             self.intake.abandon()  # nothing still open is committed; the process stops
             raise
@@ -284,10 +288,12 @@ class ClassifierService:
     ) -> None:
         """Produce a wave's records (``out``) and wait for every ack; then end
         its spans, and keep its sessions and metrics."""
+        started = time.perf_counter()
         await deliver(out, self.produce, self.settings)
         self.spans.finish(handled)
         await self.lookups.remember(outcomes)
         observe_outcomes(outcomes)
+        STAGE_SECONDS.labels("deliver").inc(time.perf_counter() - started)
 
     async def acked(self, taken: Taken) -> None:
         """Every output of the batch is acknowledged: its offsets may move."""

@@ -62,6 +62,7 @@ from streams.classify.flow import LaneFull
 from streams.classify.gate import RealtimeGate
 from streams.classify.policy import Found
 from streams.classify.router import SmartRouter
+from streams.classify.stages import StageClock
 from streams.classify.tokens import TokenCounter, texts_of
 from streams.kafka.envelopes import dlq_for
 from streams.rollout.assign import RolloutView
@@ -510,6 +511,7 @@ class BatchClassifier:
         rollout: Callable[[], RolloutView | None] = lambda: None,
         tally: ShadowTally | None = None,
         tokens: TokenCounter | None = None,
+        clock: StageClock | None = None,
     ) -> None:
         """``serving``: per lane, the paths live workers serve (the worker
         board); ``None`` while it is not known. ``gate``: whether the
@@ -518,7 +520,8 @@ class BatchClassifier:
         than one at a time would. ``rollout``: the model (and router)
         versions as last read (``streams.rollout``); ``tally``: where shadow
         router versions' decisions are counted; ``tokens``: counts the
-        tokens of the answers given here (rules, cache), once loaded."""
+        tokens of the answers given here (rules, cache), once loaded; ``clock``:
+        where the time of each stage of a batch goes (``streams.classify.stages``)."""
         self.settings = settings
         self.lookups = lookups
         self.router = router
@@ -531,6 +534,7 @@ class BatchClassifier:
         self._rollout = rollout
         self.tally = tally
         self.tokens = tokens
+        self.clock = clock or StageClock()
 
     async def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
         """Each record's outcome, in order; runs the waves one after another.
@@ -554,8 +558,10 @@ class BatchClassifier:
         now_ms, limits = self._clock_ms(), self.settings.request_limits()
         admitted = [self._admit(r, now_ms, limits) for r in records]
         keys = [_ordering_keys(r, a) for r, a in zip(records, admitted, strict=True)]
+        self.clock.lap("decode")
         if before is not None:
             await before({k for item in keys for k in item if k is not None})
+            self.clock.lap("produce")  # held by an earlier batch's delivery
         for wave in waves(keys):
             yield await self._wave(records, admitted, wave)
 
@@ -574,6 +580,7 @@ class BatchClassifier:
             else:
                 asking.append(i)
         looked = await self._find(records, admitted, asking)
+        self.clock.lap("lookups")
         await self._count_tokens(admitted, asking, looked)
         stats, level = self._stats(), self._level()
         for i, found in zip(asking, looked, strict=True):
@@ -586,6 +593,7 @@ class BatchClassifier:
                 done[i] = self._route(item, found, stats, level)
             except Exception as exc:
                 done[i] = self._failed(records[i], exc)
+        self.clock.lap("route")
         return [(i, done[i]) for i in wave]
 
     async def _count_tokens(

@@ -394,11 +394,12 @@ def _answer(
         output, model = decision.rule.text, f"rules:{decision.rule.rule}"
     else:
         return None
-    usage = Usage(completion_tokens=completion or 0)
     if tokens is not None and tokens.ready:
         if completion is None:
             completion = tokens.answer(output)
         usage = Usage(prompt_tokens=tokens.prompt(request), completion_tokens=completion)
+    else:
+        usage = Usage(completion_tokens=completion or 0)
     return InferenceResult(
         id=request.id,
         status="ok",

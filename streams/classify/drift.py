@@ -31,7 +31,7 @@ import math
 import statistics
 from bisect import bisect_right
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import Gauge
@@ -161,6 +161,8 @@ class DriftMonitor:
         self._baseline_rows: list[dict[str, Value]] | None = []
         self._names: tuple[str, ...] = ()
         self._binners: list[_Binner] = []
+        self._indexers: list[tuple[str, Callable[[Value], int]]] = []
+        """Per feature followed, its name and its binner's ``index``."""
         self._expected: list[list[int]] = []
         self._counts: list[list[int]] = []
         self._window: deque[tuple[int, ...]] = deque()
@@ -194,16 +196,19 @@ class DriftMonitor:
             if len(rows) >= self._settings.baseline_size:
                 self._freeze(rows)
             return
+        # Once per request on the classifier's hot path: bound methods and
+        # plain loops, no generator.
         get = features.get
-        bins = tuple(b.index(get(name)) for name, b in zip(self._names, self._binners, strict=True))
+        bins = tuple([index(get(name)) for name, index in self._indexers])
         window = self._window
         counts = self._counts
         if len(window) >= self._settings.window:
-            for column, old in zip(counts, window.popleft(), strict=True):
-                column[old] -= 1
+            old = window.popleft()
+            for n, column in enumerate(counts):
+                column[old[n]] -= 1
         window.append(bins)
-        for column, new in zip(counts, bins, strict=True):
-            column[new] += 1
+        for n, column in enumerate(counts):
+            column[bins[n]] += 1
 
     def _freeze(self, rows: list[dict[str, Value]]) -> None:
         """Fix the bins and the expected counts; drop the raw baseline."""
@@ -218,6 +223,7 @@ class DriftMonitor:
             self._binners.append(binner)
             self._expected.append(expected)
             self._counts.append([0] * binner.size)
+            self._indexers.append((name, binner.index))
         self._baseline_rows = None
 
     def scores(self) -> dict[str, float]:

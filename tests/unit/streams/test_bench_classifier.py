@@ -10,15 +10,20 @@ import pytest
 from schemas.messages import AnswerPath, InferenceResult
 from streams.bench.classifier import (
     PHASES,
+    Counted,
     PhaseRow,
+    counted,
     cpu_seconds,
     expected_kind,
     format_rows,
+    format_stages,
     lag_figures,
     phase_requests,
+    stage_figures,
 )
 from streams.bench.lag import pace
 from streams.cli.main import build_parser
+from streams.devstack.embedded import free_port
 
 
 def test_each_phase_has_unique_ids_and_its_own_prompts() -> None:
@@ -88,3 +93,37 @@ def test_the_batch_share_is_checked_on_the_command_line() -> None:
     for bad in ("1.5", "-0.1", "some"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["bench", "classifier", "--batch-share", bad])
+
+
+def test_the_mean_batch_is_records_taken_over_batches_taken() -> None:
+    row = PhaseRow("this", "rules", 1000, 1000, 1000, 0.5, batches=8, taken=1000)
+    assert row.mean_batch == 125.0
+    assert PhaseRow("baseline", "rules", 10, 10, 10, 1.0, batches=2).mean_batch is None
+    assert PhaseRow("this", "rules", 10, 10, 10, 1.0, batches=0, taken=0).mean_batch is None
+    figures = stage_figures([row])
+    assert figures["rules_batch"].value == 125.0
+
+
+def test_the_time_per_request_is_broken_down_by_stage_and_what_is_left() -> None:
+    stages = {"decode": 0.01, "lookups": 0.02, "route": 0.03, "produce": 0.01, "deliver": 0.05}
+    row = PhaseRow("this", "rules", 1000, 1000, 1000, 0.1, stages=stages)
+    us = row.stage_us()
+    assert us is not None
+    assert us["decode"] == pytest.approx(10.0) and us["route"] == pytest.approx(30.0)
+    assert us["left"] == pytest.approx(100.0 - 70.0) and us["deliver"] == pytest.approx(50.0)
+    table = format_stages([row, PhaseRow("baseline", "rules", 10, 10, 10, 1.0)])
+    (line,) = table.splitlines()[2:]  # the baseline has no stages: left out
+    assert line.split()[:5] == ["this", "rules", "100.0", "10.0", "10%"]
+    assert format_stages([PhaseRow("baseline", "rules", 10, 10, 10, 1.0)]) == ""
+    figures = stage_figures([row])
+    assert figures["rules_left_us"].value == 30.0 and figures["rules_lookups_us"].unit == "us"
+
+
+def test_counters_read_from_the_metrics_are_taken_per_phase() -> None:
+    before = Counted(10, 1000, {"decode": 1.0, "route": 2.0})
+    after = Counted(18, 2000, {"decode": 1.5, "route": 2.25, "lookups": 0.5})
+    phase = after.since(before)
+    assert phase.batches == 8 and phase.taken == 1000
+    assert phase.stages == {"decode": 0.5, "route": 0.25, "lookups": 0.5}
+    assert Counted().since(before) == Counted()  # a classifier without them
+    assert counted(free_port()) == Counted()  # nothing answers there

@@ -22,6 +22,7 @@ from streams.classify.batch import BatchClassifier, BatchLookups, Plan, semantic
 from streams.classify.classifier import Admitted, SourceRecord
 from streams.classify.gate import RealtimeGate, RealtimeWorker
 from streams.classify.router import SmartRouter
+from streams.classify.stages import STAGE_SECONDS
 from streams.devstack.embedded import free_port
 from streams.routing.registry import builtin_registry
 from streams.rules.engine import DEFAULT_RULES, Rule, RuleAnswer, RuleBook, Template
@@ -308,3 +309,22 @@ async def test_pipeline_steps_run_in_order_and_a_failure_stops_the_rest() -> Non
         pipeline.chain(lambda: step("deliver 3"))
     await asyncio.sleep(0.01)
     assert done == ["deliver 1", "ack 1"]
+
+
+# -- where the time goes ------------------------------------------------------------
+
+
+async def test_each_batch_gives_its_time_to_the_stages_it_went_through() -> None:
+    classifier = _classifier(RuleBook())
+    clock = classifier.clock
+    clock.start()
+    out = await classifier.classify([_record(i, _body(f"t{i}", "hi")) for i in range(5)])
+    assert [c.outcome for c in out] == ["answered"] * 5
+    spent = clock.spent()
+    assert set(spent) == {"decode", "lookups", "route", "produce"}
+    assert spent["decode"] > 0 and spent["lookups"] > 0 and spent["route"] > 0
+    assert spent["produce"] == 0  # no delivery here to wait for
+    before = STAGE_SECONDS.labels("lookups")._value.get()
+    clock.flush()
+    assert STAGE_SECONDS.labels("lookups")._value.get() == pytest.approx(before + spent["lookups"])
+    assert all(seconds == 0 for seconds in clock.spent().values())

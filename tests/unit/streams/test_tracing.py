@@ -7,7 +7,17 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from opentelemetry.trace import format_span_id, format_trace_id
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    SpanContext,
+    TraceFlags,
+    TraceState,
+    format_span_id,
+    format_trace_id,
+    set_span_in_context,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from schemas.settings import TracingSettings
 from streams.kafka.envelopes import Outbound
@@ -140,3 +150,25 @@ def test_traced_replaces_any_trace_headers_and_keeps_other_headers() -> None:
         "headers",
         "partition",
     ]
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False, TraceFlags(1)),
+        SpanContext(1, 2, True, TraceFlags(0)),  # unsampled, ids that need their zeros
+        SpanContext(
+            (1 << 128) - 1,
+            (1 << 64) - 1,
+            False,
+            TraceFlags(1),
+            TraceState([("vendor", "a=1"), ("other", "b")]),
+        ),
+        INVALID_SPAN_CONTEXT,
+    ],
+)
+def test_trace_headers_are_what_the_w3c_propagator_injects(context: SpanContext) -> None:
+    carrier: dict[str, str] = {}
+    span = NonRecordingSpan(context)
+    TraceContextTextMapPropagator().inject(carrier, set_span_in_context(span))
+    assert trace_headers(span) == tuple((k, v.encode("ascii")) for k, v in carrier.items())
