@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,8 @@ class Leg:
     ttft_p50_ms: float | None
     chunks: int = 0
     """``result_chunk`` records its answers came in (0: not streamed)."""
+    codes: tuple[tuple[str, int], ...] = ()
+    """The failed requests' error codes, with how many had each."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -146,6 +149,7 @@ def leg_of(samples: list[Sample], started: float, lost: int, streamed: bool) -> 
         p50_ms=_percentile(sorted(s.latency_ms for s in ok), 0.5),
         ttft_p50_ms=_percentile(firsts, 0.5) if firsts else None,
         chunks=sum(s.chunks for s in ok),
+        codes=tuple(sorted(Counter(s.code or "?" for s in samples if s.status != "ok").items())),
     )
 
 
@@ -163,6 +167,10 @@ def format_legs(legs: list[Leg]) -> str:
             f"{leg.lost:4d} {leg.tokens:7d} {leg.seconds:7.1f} {leg.tokens_per_s:7.1f} "
             f"{leg.tokens_per_answer:7.1f} {leg.p50_ms:8.1f} {ttft} {per_chunk}"
         )
+    for i, leg in enumerate(legs, 1):
+        if leg.codes:
+            said = ", ".join(f"{code} x{count}" for code, count in leg.codes)
+            lines.append(f"leg {i} errors: {said}")
     return "\n".join(lines)
 
 
