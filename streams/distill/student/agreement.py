@@ -58,6 +58,7 @@ def greedy_answers(
         import llama_cpp
 
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        n_vocab = llm.n_vocab()
         texts: list[str] = []
         tokens: list[list[int]] = []
         spent = 0.0
@@ -67,7 +68,8 @@ def greedy_answers(
             llm.eval(llm.tokenize(prompt.encode(), add_bos=False, special=True))
             out: list[int] = []
             while len(out) < max_tokens and llm.n_tokens < n_ctx:
-                token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+                logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+                token = int(np.argmax(np.ctypeslib.as_array(logits, shape=(n_vocab,))))
                 if llama_cpp.llama_vocab_is_eog(vocab, token):
                     break
                 out.append(token)
