@@ -91,6 +91,15 @@ def write_gguf_adapter(light: LightModel, peft_model: Any, alpha: float, path: P
 
 
 def write_peft_adapter(peft_model: Any, directory: Path) -> Path:
-    """The PEFT adapter directory (vLLM's ``LoRARequest(name, id, directory)``)."""
-    peft_model.save_pretrained(str(directory))
+    """The PEFT adapter directory (vLLM's ``LoRARequest(name, id, directory)``).
+    peft looks for the base's ``config.json`` to see whether the vocabulary
+    grew; a GGUF base has none and the vocabulary is the GGUF's, so its
+    warning about it is silenced."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="Could not find a config file", category=UserWarning
+        )
+        peft_model.save_pretrained(str(directory))
     return directory

@@ -159,7 +159,7 @@ def test_provenance_has_exactly_the_contract_keys(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_tiny_lora_lowers_its_loss_and_llama_cpp_serves_it(tmp_path: Path) -> None:
     from streams.distill.student.agreement import greedy_answers
-    from streams.distill.student.export import write_gguf_adapter
+    from streams.distill.student.export import write_gguf_adapter, write_peft_adapter
     from streams.distill.student.lora import train_lora
     from streams.distill.student.model import load_base, prompt_text
     from workers.models import resolve_gguf
@@ -179,3 +179,7 @@ def test_a_tiny_lora_lowers_its_loss_and_llama_cpp_serves_it(tmp_path: Path) -> 
     student = greedy_answers(gguf, prompts, adapter=adapter, max_tokens=8)
     assert student.tokens != base.tokens
     assert "Zorbla" in student.texts[0]
+    peft_dir = write_peft_adapter(trained.model, tmp_path / "peft")
+    config_written = json.loads((peft_dir / "adapter_config.json").read_text())
+    assert config_written["r"] == config.r
+    assert (peft_dir / "adapter_model.safetensors").is_file()
