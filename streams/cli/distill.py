@@ -292,6 +292,7 @@ def _run_student(settings: Settings, args: argparse.Namespace) -> int:
         agree_at=pick(args.agree_at, conf.agree_at),
         max_new_tokens=pick(args.max_new_tokens, conf.max_new_tokens),
         n_threads=settings.backend.n_threads,
+        system=settings.backend.system_prompt,
         commit=git_commit(),
         on_step=lambda step, loss: print(f"step {step:4d}  loss {loss:.4f}", flush=True),
     )

@@ -63,7 +63,9 @@ class Trained:
 
 def _encode(light: LightModel, pair: Pair, max_tokens: int) -> tuple[list[int], list[int]]:
     tokenizer = light.tokenizer
-    prompt = tokenizer.encode(prompt_text(tokenizer, pair.prompt), add_special_tokens=False)
+    prompt = tokenizer.encode(
+        prompt_text(tokenizer, pair.prompt, light.system), add_special_tokens=False
+    )
     answer = tokenizer.encode(pair.answer + light.end_text, add_special_tokens=False)
     ids = (prompt + answer)[:max_tokens]
     labels = ([-100] * len(prompt) + answer)[:max_tokens]

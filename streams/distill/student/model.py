@@ -5,8 +5,9 @@ gguf_file=...)``, the ``gguf`` package reading the file), so the weights
 trained against are the ones llama.cpp serves, to its quantization error.
 The tokenizer, and its chat template, come from the same file.
 
-``prompt_text`` is the chat template applied to one user message with the
-assistant's turn opened: the text the llama.cpp backend renders from the
+``prompt_text`` is the chat template applied to one user message, after
+the system prompt the lane workers add (``LANEWAY_BACKEND_SYSTEM_PROMPT``),
+with the assistant's turn opened: the text the llama.cpp backend renders from the
 same template, so training, the agreement check and serving read the same
 prompt.
 """
@@ -30,6 +31,9 @@ class LightModel:
     """``general.architecture`` of the GGUF (``llama``)."""
     n_head: int
     n_head_kv: int
+    system: str = ""
+    """The system prompt the lane workers put before a request without one
+    (``LANEWAY_BACKEND_SYSTEM_PROMPT``); empty: the template's own default."""
 
     @property
     def end_text(self) -> str:
@@ -70,7 +74,7 @@ def _metadata(path: Path) -> dict[str, Any]:
     return out
 
 
-def load_base(gguf: Path) -> LightModel:
+def load_base(gguf: Path, system: str = "") -> LightModel:
     """The GGUF's model and tokenizer in transformers, on ``device()``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -90,12 +94,17 @@ def load_base(gguf: Path) -> LightModel:
         architecture=arch,
         n_head=n_head,
         n_head_kv=int(meta.get(f"{arch}.attention.head_count_kv", n_head)),
+        system=system,
     )
 
 
-def prompt_text(tokenizer: Any, prompt: str) -> str:
-    """One user message in the model's chat template, the assistant's turn opened."""
+def prompt_text(tokenizer: Any, prompt: str, system: str = "") -> str:
+    """One user message (after ``system``, when given) in the model's chat
+    template, the assistant's turn opened: what a lane worker renders."""
+    messages = [{"role": "system", "content": system}] if system else []
     text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        [*messages, {"role": "user", "content": prompt}],
+        tokenize=False,
+        add_generation_prompt=True,
     )
     return str(text)

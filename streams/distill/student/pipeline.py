@@ -67,6 +67,7 @@ def run_student(
     agree_at: float = 0.75,
     max_new_tokens: int = 64,
     n_threads: int | None = None,
+    system: str = "",
     commit: str = "unknown",
     on_step: Callable[[int, float], None] | None = None,
     now: datetime | None = None,
@@ -79,14 +80,14 @@ def run_student(
             f"failed left out) is below the floor of {min_rows} (--min-rows, "
             "LANEWAY_DISTILL_STUDENT_MIN_ROWS)"
         )
-    light = load_base(gguf)
+    light = load_base(gguf, system)
     trained = train_lora(light, train, config, on_step)
     out.mkdir(parents=True, exist_ok=True)
     from streams.distill.student.export import write_gguf_adapter, write_peft_adapter
 
     adapter = write_gguf_adapter(light, trained.model, config.alpha, out / ADAPTER_FILE)
     write_peft_adapter(trained.model, out / PEFT_DIR)
-    prompts = [prompt_text(light.tokenizer, pair.prompt) for pair in held]
+    prompts = [prompt_text(light.tokenizer, pair.prompt, light.system) for pair in held]
     teacher_answers = [pair.answer for pair in held]
 
     def answers(adapter: Path | None) -> Answers:
