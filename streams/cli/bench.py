@@ -35,6 +35,7 @@ MODES = (
     "router",
     "gpu",
     "gateway",
+    "student",
 )
 """Every mode, the module ``streams.bench.<mode with _ for ->``."""
 
