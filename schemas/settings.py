@@ -37,6 +37,7 @@ __all__ = [
     "SessionSettings",
     "Settings",
     "StreamSettings",
+    "StudentSettings",
     "TenantLimit",
     "TracingSettings",
     "TuneSettings",
@@ -614,6 +615,28 @@ class DriftSettings(BaseSettings):
     """How often the classifier compares the recent window with the baseline."""
 
 
+class StudentSettings(BaseSettings):
+    """``laneway distill student``: the light model fine-tuned on the heavy
+    model's answers (``streams.distill.student``); each is also a flag."""
+
+    model_config = _config("LANEWAY_DISTILL_STUDENT_")
+
+    min_rows: int = Field(default=50, ge=1)
+    """Fewer distinct training prompts than this: the student is refused."""
+    held_out: float = Field(default=0.2, ge=0, lt=1)
+    """Share of prompts kept out of training, where agreement is measured."""
+    steps: int = Field(default=60, ge=1)
+    """Optimiser steps (batches of ``batch_size`` pairs)."""
+    batch_size: int = Field(default=8, ge=1)
+    rank: int = Field(default=8, ge=1)
+    """LoRA rank; alpha is twice it."""
+    lr: float = Field(default=1e-3, gt=0)
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Longest answer generated on a held-out prompt."""
+    agree_at: float = Field(default=0.75, ge=0, le=1)
+    """Answer cosine that counts as agreeing with the teacher (as ``distill train``)."""
+
+
 class BackendSettings(BaseSettings):
     """Which backend serves each model path, and how it is reached."""
 
@@ -937,6 +960,7 @@ class Settings(BaseSettings):
     flow: FlowSettings = Field(default_factory=FlowSettings)
     backend: BackendSettings = Field(default_factory=BackendSettings)
     tune: TuneSettings = Field(default_factory=TuneSettings)
+    student: StudentSettings = Field(default_factory=StudentSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     stream: StreamSettings = Field(default_factory=StreamSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)

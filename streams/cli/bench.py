@@ -36,6 +36,7 @@ MODES = (
     "gpu",
     "gateway",
     "chaos",
+    "student",
 )
 """Every mode, the module ``streams.bench.<mode with _ for ->``."""
 

@@ -6,6 +6,7 @@
         [--finetune-out light-sft.jsonl]
     laneway distill report --artifact router.json rows.jsonl --held-out -o report/
     laneway distill report --artifact router.json --since 2h -o report/   # a later window
+    laneway distill student light-sft.jsonl -o student/ --held-out 0.2 --steps 60   # or rows.jsonl
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["cmd", "run_distill", "subparser_init"]
 
 def subparser_init(subparsers: Any) -> argparse.ArgumentParser:
     distill: argparse.ArgumentParser = subparsers.add_parser(
-        "distill", help="export traffic, train and report a learned router"
+        "distill", help="export traffic, train and report a learned router, fine-tune a student"
     )
     commands = distill.add_subparsers(dest="distill_command", required=True)
 
@@ -60,6 +61,29 @@ def subparser_init(subparsers: Any) -> argparse.ArgumentParser:
     report.add_argument("-o", "--out", help="folder (default: report-<version>)")
     report.add_argument("--min-labels", type=int, default=20, help="fewer: never promote")
     _label_args(report)
+
+    student = commands.add_parser(
+        "student", help="fine-tune the light model (LoRA) on the heavy model's answers"
+    )
+    student.add_argument("source", help="fine-tune chat JSONL (--finetune-out) or an export")
+    student.add_argument(
+        "-o", "--out", required=True, help="folder: adapter.gguf, peft/, student.json"
+    )
+    student.add_argument("--held-out", type=float, help="share of prompts kept out (0..1)")
+    student.add_argument("--steps", type=int, help="optimiser steps")
+    student.add_argument("--rank", type=int, help="LoRA rank (alpha: twice it)")
+    student.add_argument("--lr", type=float, help="learning rate")
+    student.add_argument("--min-rows", type=int, help="fewer training prompts: refused")
+    student.add_argument("--seed", type=int, default=0, help="held-out split and batch order")
+    student.add_argument("--max-new-tokens", type=int, help="answer length on held-out prompts")
+    student.add_argument("--base", help="the light model (default: LANEWAY_BACKEND_LIGHT_MODEL)")
+    student.add_argument(
+        "--teacher",
+        help="the heavy model's name (default: the rows', else LANEWAY_BACKEND_HEAVY_MODEL)",
+    )
+    student.add_argument(
+        "--agree-at", type=float, help="answer cosine that counts as agreeing with the teacher"
+    )
     return distill
 
 
@@ -125,13 +149,21 @@ def _export(settings: Settings, args: argparse.Namespace) -> list[Any]:
 def run_distill(settings: Settings, args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
 
+    from schemas.errors import BackendUnavailable
     from streams.distill.rows import RowsError
     from streams.distill.train import TrainError
     from streams.routing.learned import ArtifactError
 
     try:
         return _COMMANDS[args.distill_command](settings, args)
-    except (RowsError, TrainError, ArtifactError, ValueError, OSError) as exc:
+    except (
+        RowsError,
+        TrainError,
+        ArtifactError,
+        BackendUnavailable,
+        ValueError,
+        OSError,
+    ) as exc:
         print(f"laneway distill {args.distill_command}: {exc}", file=sys.stderr)
         return 2
     except KafkaError as exc:
@@ -221,6 +253,68 @@ def _run_report(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_student(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.bench.results import git_commit
+    from streams.cache.embedding import MiniLMEmbedder
+    from streams.distill.student.data import load_pairs
+    from streams.distill.student.lora import LoraConfig
+    from streams.distill.student.pipeline import run_student
+    from workers.models import resolve_gguf
+
+    conf = settings.student
+    pick = lambda flag, default: default if flag is None else flag  # noqa: E731
+    rank = pick(args.rank, conf.rank)
+    config = LoraConfig(
+        r=rank,
+        alpha=2.0 * rank,
+        steps=pick(args.steps, conf.steps),
+        lr=pick(args.lr, conf.lr),
+        batch_size=conf.batch_size,
+        seed=args.seed,
+    )
+    data = load_pairs(Path(args.source))
+    base = args.base or settings.backend.light_model
+    teacher = args.teacher or data.teacher or settings.backend.heavy_model
+    print(
+        f"{len(data.pairs)} distinct prompts with a teacher answer in {args.source} "
+        f"({data.dropped_bad} rated bad, {data.dropped_failed} failed: left out)"
+    )
+    run = run_student(
+        data,
+        base_model=base,
+        gguf=resolve_gguf(base, settings.backend.model_dir),
+        teacher=teacher,
+        out=Path(args.out),
+        config=config,
+        held_out_share=pick(args.held_out, conf.held_out),
+        min_rows=pick(args.min_rows, conf.min_rows),
+        embed=MiniLMEmbedder().embed,
+        agree_at=pick(args.agree_at, conf.agree_at),
+        max_new_tokens=pick(args.max_new_tokens, conf.max_new_tokens),
+        n_threads=settings.backend.n_threads,
+        system=settings.backend.system_prompt,
+        commit=git_commit(),
+        on_step=lambda step, loss: print(f"step {step:4d}  loss {loss:.4f}", flush=True),
+    )
+    p = run.provenance
+    m = p.metrics
+    print(f"\nheld out: {p.rows.held_out} prompts; teacher {p.teacher}")
+    print(f"{'model':<10} {'agreement':>10} {'tokens/s':>10}")
+    for name, agree, speed in (
+        ("base", m.base_agreement, m.base_tokens_per_s),
+        ("student", m.student_agreement, m.student_tokens_per_s),
+    ):
+        print(f"{name:<10} {_fmt(agree, 3):>10} {_fmt(speed, 1):>10}")
+    print(f"\nloss {_fmt(m.loss_first, 4)} -> {_fmt(m.loss_last, 4)}")
+    print(f"{'OFFERED' if p.offered else 'NOT OFFERED'}: {p.reason}")
+    print(f"written to {run.out}: adapter.gguf, peft/, student.json")
+    return 0
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
@@ -229,4 +323,5 @@ _COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "export": _run_export,
     "train": _run_train,
     "report": _run_report,
+    "student": _run_student,
 }
