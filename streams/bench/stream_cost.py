@@ -2,7 +2,8 @@
 
 The same model-only workload (simple and hard prompts past the response
 cache, so every answer is decoded) is sent in legs that alternate: not
-streamed, streamed, not streamed, streamed ... on one stack, through one
+streamed, streamed, then streamed, not streamed (ABBA: a stack whose pace
+drifts over the run moves both kinds alike) ... on one stack, through one
 kind of client. Each leg's throughput is the tokens its answers hold over
 its wall time; the figure is the streamed legs' tokens/s over the others',
 from the same run. The streamed legs also give the time to first token
@@ -41,7 +42,9 @@ __all__ = [
     "Leg",
     "add_arguments",
     "format_legs",
+    "leg_order",
     "model_workload",
+    "rounds_of",
     "run",
 ]
 
@@ -153,6 +156,19 @@ def leg_of(samples: list[Sample], started: float, lost: int, streamed: bool) -> 
     )
 
 
+def leg_order(round_: int) -> tuple[bool, bool]:
+    """Whether each leg of a round is streamed: not first in even rounds,
+    first in odd ones (ABBA), so a stack that slows or speeds up over the
+    run (a load level entered, caches warming) moves both kinds alike."""
+    return (False, True) if round_ % 2 == 0 else (True, False)
+
+
+def rounds_of(legs: list[Leg]) -> list[tuple[Leg, Leg]]:
+    """Each round's (not streamed, streamed) legs, whichever ran first."""
+    pairs = zip(legs[::2], legs[1::2], strict=False)
+    return [(a, b) if b.streamed else (b, a) for a, b in pairs]
+
+
 def format_legs(legs: list[Leg]) -> str:
     head = (
         f"{'leg':>3} {'streamed':>8} {'ok':>4} {'err':>4} {'lost':>4} {'tokens':>7} "
@@ -177,8 +193,8 @@ def format_legs(legs: list[Leg]) -> str:
 async def _legs(settings: Settings, args: argparse.Namespace) -> list[Leg]:
     legs = []
     workload = model_workload(args.requests, args.max_tokens, args.path, args.lane, args.prompts)
-    for _ in range(args.rounds):
-        for streamed in (False, True):
+    for round_ in range(args.rounds):
+        for streamed in leg_order(round_):
             samples, started, lost = await drive(
                 settings,
                 workload,
@@ -211,8 +227,8 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
     shares = [leg.ttft_share for leg in legs if leg.ttft_share is not None]
     totals = [leg.p50_ms for leg in legs if leg.streamed and leg.answered]
     ratios = [
-        leg.tokens_per_s / max(plain_leg.tokens_per_s, 1e-9)
-        for plain_leg, leg in zip(legs[::2], legs[1::2], strict=False)
+        streamed_leg.tokens_per_s / max(plain_leg.tokens_per_s, 1e-9)
+        for plain_leg, streamed_leg in rounds_of(legs)
     ]
     if shares:
         print(

@@ -220,3 +220,12 @@ def test_a_stream_cost_leg_counts_the_tokens_of_its_answers_over_its_time() -> N
     explain = model_workload(14, 64, "light", "realtime", "explain")
     assert all(r["prompt"].startswith(("Explain", "Describe", "Compare")) for r in explain)
     assert len({r["prompt"] for r in explain}) == 14, "every question asked once"
+
+
+def test_stream_cost_rounds_alternate_abba_and_pair_by_kind() -> None:
+    from streams.bench.stream_cost import Leg, leg_order, rounds_of
+
+    order = [streamed for r in range(4) for streamed in leg_order(r)]
+    assert order == [False, True, True, False, False, True, True, False]
+    legs = [Leg(s, 1, 0, 0, 10, 1.0, 1.0, None) for s in order]
+    assert all(not a.streamed and b.streamed for a, b in rounds_of(legs))
