@@ -255,6 +255,12 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
             "ratio",
             "time to first token p50 over the streamed answer's p50",
         ),
+        "streamed_share_lowest_round": Figure(
+            min(ratios) if ratios else None, "ratio", "the lowest round's streamed/not"
+        ),
+        "streamed_share_highest_round": Figure(
+            max(ratios) if ratios else None, "ratio", "the highest round's streamed/not"
+        ),
         "tokens_per_answer": Figure(
             statistics.fmean(leg.tokens_per_answer for leg in legs),
             "tokens",
