@@ -87,13 +87,14 @@ def _add_result_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command_line(argv: list[str]) -> str:
     """The command as a person would type it again to measure the same
-    (where the result file goes is left out: ``--save``, ``--result PATH``)."""
+    (where the result file and the logs go is left out: ``--save``,
+    ``--result PATH``, ``--log-file PATH``)."""
     words: list[str] = []
     rest = iter(argv)
     for word in rest:
-        if word == "--save" or word.startswith("--result="):
+        if word == "--save" or word.startswith(("--result=", "--log-file=")):
             continue
-        if word == "--result":
+        if word in ("--result", "--log-file"):
             next(rest, None)
             continue
         words.append(word)

@@ -132,3 +132,5 @@ def test_the_recorded_command_measures_the_same_without_saying_where_it_went() -
     argv = ["bench", "gateway", "--result", "out dir/r.json", "--seconds", "8"]
     assert command_line(argv) == "laneway bench gateway --seconds 8"
     assert command_line(["bench", "router", "--result=r.json"]) == "laneway bench router"
+    argv = ["bench", "chaos", "--log-file", "/tmp/chaos.log", "--rate", "4"]
+    assert command_line(argv) == "laneway bench chaos --rate 4"
