@@ -9,13 +9,12 @@ fits the wheel's SmolLM2-135M whatever its dimensions.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-__all__ = ["write_lora_adapter", "write_student"]
+__all__ = ["write_lora_adapter"]
 
 
 def write_lora_adapter(
@@ -56,36 +55,3 @@ def write_lora_adapter(
     writer.write_tensors_to_file()
     writer.close()
     return path
-
-
-def write_student(
-    folder: Path, base: Path, *, offered: bool = True, reason: str = "", **adapter: object
-) -> Path:
-    """A ``laneway distill student --out`` directory: ``adapter.gguf`` (from
-    ``write_lora_adapter``) and ``student.json`` in the format that command
-    writes (``streams.rollout.register.STUDENT_KIND``)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    write_lora_adapter(folder / "adapter.gguf", base, **adapter)  # type: ignore[arg-type]
-    record = {
-        "kind": "laneway.student/1",
-        "base_model": "smollm2-135m",
-        "base_gguf": str(base),
-        "teacher": "gemma3-270m",
-        "window": {"start": "2026-12-01T00:00:00Z", "end": "2026-12-07T00:00:00Z"},
-        "rows": {"train": 240, "held_out": 60, "dropped_bad": 3, "dropped_failed": 1},
-        "lora": {"r": 4, "alpha": 4, "targets": ["q_proj", "v_proj"], "steps": 30, "lr": 1e-3},
-        "metrics": {
-            "loss_first": 2.1,
-            "loss_last": 1.4,
-            "base_agreement": 0.41,
-            "student_agreement": 0.47 if offered else 0.38,
-            "base_tokens_per_s": 80.0,
-            "student_tokens_per_s": 78.0,
-        },
-        "offered": offered,
-        "reason": reason or ("agreement 47% beats the base's 41%" if offered else "not better"),
-        "created": "2026-12-07T04:00:00Z",
-        "commit": "0000000",
-    }
-    (folder / "student.json").write_text(json.dumps(record, indent=2))
-    return folder

@@ -47,11 +47,11 @@ from redis.exceptions import RedisError
 from schemas.errors import LanewayError
 from schemas.messages import AnswerPath, InferenceResult
 from schemas.settings import Settings
+from schemas.student import StudentProvenance
 from streams.rollout import routers as router_rollout
 from streams.rollout import state
 from streams.rollout.register import (
     RegisterError,
-    Student,
     new_version,
     provenance_line,
     read_student,
@@ -300,7 +300,7 @@ async def _list(
         if row.get("adapter"):
             student = row.get("student")
             about = (
-                provenance_line(Student.model_validate(student))
+                provenance_line(StudentProvenance.model_validate(student))
                 if student
                 else "no student.json beside it"
             )

@@ -5,7 +5,7 @@ student that ``laneway distill student`` trained, joins its path as a
 ``shadow`` (or a ``canary`` at share 0): it copies the path's active
 version (backend, lanes, capability, cost) with its own name, version,
 state and adapter. The student's provenance, ``student.json`` beside its
-adapter, decides whether it is offered at all: a student whose held-out
+adapter (``schemas.student``), decides whether it is offered at all: a student whose held-out
 agreement did not beat its base model's says ``offered: false`` and is
 refused with its reason unless forced.
 
@@ -26,16 +26,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from schemas.messages import AnswerPath
+from schemas.student import PROVENANCE_FILE, ProvenanceError, StudentProvenance
 from streams.routing.registry import ModelEntry, ModelRegistry
 
 __all__ = [
-    "STUDENT_JSON",
-    "STUDENT_KIND",
     "RegisterError",
-    "Student",
     "new_version",
     "provenance_line",
     "read_student",
@@ -44,41 +42,11 @@ __all__ = [
     "write_registry",
 ]
 
-STUDENT_JSON = "student.json"
-"""A student's provenance, in its directory beside the adapter."""
-
-STUDENT_KIND = "laneway.student/1"
-"""``student.json``'s ``kind``: the format this module reads."""
-
 RegisterState = Literal["shadow", "canary"]
 
 
 class RegisterError(ValueError):
     """A version that cannot be registered; the message says why."""
-
-
-class Student(BaseModel):
-    """What ``register`` and ``laneway models list`` read of ``student.json``
-    (keys it does not name are kept by the file, not read here)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    kind: str
-    base_model: str
-    teacher: str | None = None
-    window: dict[str, Any] | None = None
-    """``{start, end}`` of the traffic it learned from (``None``: all of it)."""
-    rows: dict[str, int] = {}
-    """``train``, ``held_out``, ``dropped_bad``, ``dropped_failed``."""
-    lora: dict[str, Any] = {}
-    metrics: dict[str, float | None] = {}
-    """``base_agreement``, ``student_agreement`` (with the teacher, on the
-    held-out prompts), losses and tokens/s."""
-    offered: bool
-    """Whether the student is offered for promotion (it beat its base)."""
-    reason: str = ""
-    created: str | None = None
-    commit: str | None = None
 
 
 def student_dir(adapter: Path) -> Path:
@@ -87,21 +55,16 @@ def student_dir(adapter: Path) -> Path:
     return adapter if adapter.is_dir() else adapter.parent
 
 
-def read_student(adapter: Path) -> Student | None:
+def read_student(adapter: Path) -> StudentProvenance | None:
     """The provenance beside ``adapter``; ``None`` when there is none.
     A ``student.json`` that cannot be read is a ``RegisterError``."""
-    path = student_dir(adapter) / STUDENT_JSON
+    path = student_dir(adapter) / PROVENANCE_FILE
     if not path.is_file():
         return None
     try:
-        student = Student.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError) as exc:
-        raise RegisterError(f"{path} cannot be read: {exc}") from exc
-    if student.kind != STUDENT_KIND:
-        raise RegisterError(
-            f"{path} is of kind {student.kind!r}; this laneway reads {STUDENT_KIND}"
-        )
-    return student
+        return StudentProvenance.read(path)
+    except ProvenanceError as exc:
+        raise RegisterError(str(exc)) from exc
 
 
 def new_version(
@@ -109,7 +72,7 @@ def new_version(
     path: AnswerPath,
     version: str,
     adapter: Path,
-    student: Student | None,
+    student: StudentProvenance | None,
     *,
     state: RegisterState = "shadow",
     share: float | None = None,
@@ -132,7 +95,7 @@ def new_version(
     if not force:
         if student is None:
             raise RegisterError(
-                f"no {STUDENT_JSON} beside {adapter}: nothing says what it learned or whether "
+                f"no {PROVENANCE_FILE} beside {adapter}: nothing says what it learned or whether "
                 "it beat its base model (--force registers it all the same)"
             )
         if not student.offered:
@@ -200,26 +163,18 @@ def write_registry(path: Path, text: str) -> None:
         partial.unlink(missing_ok=True)
 
 
-def provenance_line(student: Student) -> str:
+def provenance_line(student: StudentProvenance) -> str:
     """One line of what ``laneway models list`` shows under a student's row."""
-    rows = student.rows.get("train")
-    held = student.rows.get("held_out")
-    base = student.metrics.get("base_agreement")
-    learned = student.metrics.get("student_agreement")
+    base, learned = student.metrics.base_agreement, student.metrics.student_agreement
     agreement = (
         f"agreement {base:.0%} -> {learned:.0%}"
         if base is not None and learned is not None
         else "agreement not measured"
     )
-    window = (
-        f", traffic {student.window.get('start')}..{student.window.get('end')}"
-        if student.window
-        else ""
-    )
+    window = f", traffic {student.window.start}..{student.window.end}" if student.window else ""
     offered = "offered" if student.offered else f"not offered: {student.reason}"
     return (
-        f"student of {student.base_model} from {student.teacher or '?'}: "
-        f"{'?' if rows is None else rows} rows"
-        + ("" if held is None else f" ({held} held out)")
-        + f"{window}, {agreement}; {offered}"
+        f"student of {student.base_model} from {student.teacher}: "
+        f"{student.rows.train} rows ({student.rows.held_out} held out)"
+        f"{window}, {agreement}; {offered}"
     )

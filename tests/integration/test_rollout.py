@@ -8,8 +8,9 @@ in four versions from a registry file: Gemma-3-270M (active), SmolLM2-135M
 as version ``smol``, version ``broken``, whose model file does not exist
 (a real load failure: its requests fail with INF-502 there and the active
 version answers them), and version ``student``, added to the file by the
-real ``laneway models register`` (a canary at share 0) from a student
-directory with a real GGUF LoRA adapter (``tests.adapters``). Every test
+real ``laneway models register`` (a canary at share 0) from the folder
+the real ``laneway distill student`` trained: a LoRA on SmolLM2-135M from
+eight teacher answers, two steps (``train_student``). Every test
 sets the roll-out state it needs with the real ``laneway models`` command.
 Cache off, tiny answers.
 """
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -32,8 +34,6 @@ from schemas.settings import Settings
 from streams.client import LanewayClient
 from streams.rollout.assign import unit
 from streams.rollout.state import RolloutStore
-from tests.adapters import write_student
-from workers.models import resolve_gguf
 
 from .conftest import produce_to_lane, read_topic, registry_stack, routed_now
 
@@ -67,16 +67,54 @@ def rollout_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     folder = tmp_path_factory.mktemp("rollout")
     registry = folder / "registered.yaml"
     registry.write_text(REGISTRY)
-    base = resolve_gguf("smollm2-135m", Settings().backend.model_dir)
-    student = write_student(folder / "student", base, scale=0.01, layers=4)
+    student = train_student(folder)
     added = models(
         {"LANEWAY_ROUTING_MODELS_FILE": str(registry)},
         *("register", "heavy", "student", "--adapter", str(student), "--state", "canary"),
+        "--force",  # two steps on eight answers: most likely not offered
     )
     assert "heavy student: canary share 0" in added, added
     text = registry.read_text()
     for _, children in registry_stack(folder, "rollout", text, env, (Lane.BULK,)):
         yield children
+
+
+TEACHER = [
+    ("What is the capital of France?", "Paris."),
+    ("Name a colour.", "Blue."),
+    ("What colour is the sky?", "Blue, on a clear day."),
+    ("Name a fruit.", "An apple."),
+    ("What is two plus two?", "Four."),
+    ("Which planet do we live on?", "Earth."),
+    ("What do bees make?", "Honey."),
+    ("How many days are in a week?", "Seven."),
+]
+"""The teacher's answers the student learns from (a fine-tune set)."""
+
+
+def train_student(folder: Path) -> Path:
+    """A student as ``laneway distill student`` trains it: a LoRA on the
+    light model (SmolLM2-135M, the wheel's) from a chat JSONL fine-tune
+    set, two steps; its folder (``adapter.gguf``, ``peft/``, ``student.json``)."""
+    chat = folder / "finetune.jsonl"
+    lines = [
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+        for q, a in TEACHER
+    ]
+    chat.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = folder / "student"
+    command = ["distill", "student", str(chat), "-o", str(out), "--teacher", "gemma3-270m"]
+    options = ["--steps", "2", "--min-rows", "4", "--held-out", "0.25", "--max-new-tokens", "8"]
+    done = subprocess.run(
+        [sys.executable, "-m", "streams.cli.main", *command, *options],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert {p.name for p in out.iterdir()} >= {"adapter.gguf", "peft", "student.json"}
+    return out
 
 
 @pytest.fixture
@@ -279,6 +317,11 @@ async def test_a_student_with_an_adapter_serves_as_a_shadow(
     listing = json.loads(models(rollout_env, "list", "--json"))
     row = next(row for row in listing if row["version"] == "student")
     assert row["workers"] and row["adapter"].endswith("student"), row
-    assert row["student"]["teacher"] == "gemma3-270m" and row["student"]["offered"], row
+    assert row["student"]["teacher"] == "gemma3-270m", row
+    rows = row["student"]["rows"]
+    assert rows["train"] + rows["held_out"] == len(TEACHER) and rows["held_out"] >= 1, row
     text = models(rollout_env, "list")
-    assert "student of smollm2-135m from gemma3-270m: 240 rows" in text, text
+    line = f"student of smollm2-135m from gemma3-270m: {rows['train']} rows"
+    assert line in text, text
+    said = "; offered" if row["student"]["offered"] else "; not offered: "
+    assert said in text, text

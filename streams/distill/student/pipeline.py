@@ -17,11 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streams.distill.student.agreement import Answers, agreement, greedy_answers
-from streams.distill.student.data import StudentData, StudentError, split
-from streams.distill.student.lora import LoraConfig, Trained, train_lora
-from streams.distill.student.model import LightModel, load_base, prompt_text
-from streams.distill.student.provenance import (
+from schemas.student import (
     ADAPTER_FILE,
     PEFT_DIR,
     LoraInfo,
@@ -30,6 +26,10 @@ from streams.distill.student.provenance import (
     StudentProvenance,
     TimeWindow,
 )
+from streams.distill.student.agreement import Answers, agreement, greedy_answers
+from streams.distill.student.data import StudentData, StudentError, split
+from streams.distill.student.lora import LoraConfig, Trained, train_lora
+from streams.distill.student.model import LightModel, load_base, prompt_text
 
 __all__ = ["StudentRun", "offer", "run_student"]
 

@@ -9,6 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from schemas.student import (
+    LoraInfo,
+    RowCounts,
+    StudentMetrics,
+    StudentProvenance,
+)
 from streams.distill.rows import ExportRow
 from streams.distill.student.data import (
     Pair,
@@ -20,12 +26,6 @@ from streams.distill.student.data import (
 )
 from streams.distill.student.lora import LoraConfig
 from streams.distill.student.pipeline import offer, run_student
-from streams.distill.student.provenance import (
-    LoraInfo,
-    RowCounts,
-    StudentMetrics,
-    StudentProvenance,
-)
 
 
 def _row(i: int, prompt: str, path: str, **kw: object) -> ExportRow:

@@ -12,11 +12,10 @@ import yaml
 
 from schemas.messages import AnswerPath
 from schemas.settings import BackendSettings
+from schemas.student import PROVENANCE_FILE, TimeWindow
 from streams.cli.main import build_parser, main
 from streams.rollout.register import (
-    STUDENT_JSON,
     RegisterError,
-    Student,
     new_version,
     provenance_line,
     read_student,
@@ -58,13 +57,20 @@ def student_json(folder: Path, *, offered: bool = True, reason: str = "beats its
         "window": None,
         "rows": {"train": 240, "held_out": 60, "dropped_bad": 2, "dropped_failed": 0},
         "lora": {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"], "steps": 40, "lr": 1e-3},
-        "metrics": {"base_agreement": 0.4, "student_agreement": 0.5 if offered else 0.35},
+        "metrics": {
+            "loss_first": 2.1,
+            "loss_last": 1.4,
+            "base_agreement": 0.4,
+            "student_agreement": 0.5 if offered else 0.35,
+            "base_tokens_per_s": 80.0,
+            "student_tokens_per_s": 78.0,
+        },
         "offered": offered,
         "reason": reason,
         "created": "2026-12-07T04:00:00Z",
         "commit": "abc1234",
     }
-    (folder / STUDENT_JSON).write_text(json.dumps(record))
+    (folder / PROVENANCE_FILE).write_text(json.dumps(record))
     return folder
 
 
@@ -159,10 +165,10 @@ def test_what_cannot_be_registered_says_why(tmp_path: Path) -> None:
         new_version(BUILTIN, AnswerPath.LIGHT, "2", tmp_path / "bare.gguf", None)
     with pytest.raises(RegisterError, match=r"share"):
         new_version(BUILTIN, AnswerPath.LIGHT, "2", folder, student, share=1.5)
-    (folder / STUDENT_JSON).write_text('{"kind": "other/9", "base_model": "x", "offered": true}')
+    (folder / PROVENANCE_FILE).write_text('{"kind": "other/9", "base_model": "x"}')
     with pytest.raises(RegisterError, match=r"of kind 'other/9'"):
         read_student(folder)
-    (folder / STUDENT_JSON).write_text("{not json")
+    (folder / PROVENANCE_FILE).write_text("{not json")
     with pytest.raises(RegisterError, match=r"cannot be read"):
         read_student(folder / "adapter.gguf")  # a file's folder holds its student.json
 
@@ -173,11 +179,15 @@ def test_the_provenance_line_shows_base_teacher_rows_and_agreement(tmp_path: Pat
     line = provenance_line(student)
     assert line.startswith("student of smollm2-135m from gemma3-270m: 240 rows (60 held out)")
     assert "agreement 40% -> 50%" in line and line.endswith("offered")
-    windowed = student.model_copy(update={"window": {"start": "2026-12-01", "end": "2026-12-07"}})
+    window = TimeWindow(start="2026-12-01", end="2026-12-07")
+    windowed = student.model_copy(update={"window": window})
     assert "(60 held out), traffic 2026-12-01..2026-12-07, agreement" in provenance_line(windowed)
-    bare = Student(kind="laneway.student/1", base_model="m", offered=False, reason="too few rows")
-    assert provenance_line(bare) == (
-        "student of m from ?: ? rows, agreement not measured; not offered: too few rows"
+    unmeasured = student.metrics.model_copy(update={"base_agreement": None})
+    bare = student.model_copy(
+        update={"metrics": unmeasured, "offered": False, "reason": "too few rows"}
+    )
+    assert provenance_line(bare).endswith(
+        "(60 held out), agreement not measured; not offered: too few rows"
     )
 
 
@@ -264,7 +274,7 @@ def test_register_adds_the_version_to_the_file_every_process_reads(
     # An adapter its backend cannot find is refused before the file changes.
     empty = tmp_path / "empty"
     empty.mkdir()
-    (empty / STUDENT_JSON).write_text((good / STUDENT_JSON).read_text())
+    (empty / PROVENANCE_FILE).write_text((good / PROVENANCE_FILE).read_text())
     assert main(["models", "register", "light", "s3", "--adapter", str(empty)]) == 2
     assert "adapter.gguf" in capsys.readouterr().err
 

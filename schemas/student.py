@@ -1,8 +1,9 @@
 """``student.json``: where a student adapter came from and how it measured.
 
 Written beside ``adapter.gguf`` (and the PEFT directory ``peft/``) by
-``laneway distill student``; read by ``laneway models list`` to show a
-student version's provenance. The keys are the file's contract::
+``laneway distill student``; read by ``laneway models register`` (which
+refuses a student not offered) and ``laneway models list`` (which shows
+where a student version came from). The keys are the file's contract::
 
     {"kind": "laneway.student/1", "base_model": "smollm2-135m",
      "base_gguf": "SmolLM2-135M-Instruct.Q4_1.gguf", "teacher": "gemma3-270m",
@@ -17,6 +18,7 @@ student version's provenance. The keys are the file's contract::
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +28,7 @@ __all__ = [
     "ADAPTER_FILE",
     "PEFT_DIR",
     "PROVENANCE_FILE",
+    "STUDENT_KIND",
     "LoraInfo",
     "ProvenanceError",
     "RowCounts",
@@ -37,6 +40,8 @@ __all__ = [
 ADAPTER_FILE = "adapter.gguf"
 PEFT_DIR = "peft"
 PROVENANCE_FILE = "student.json"
+STUDENT_KIND = "laneway.student/1"
+"""``student.json``'s ``kind``: the format this laneway writes and reads."""
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -124,8 +129,17 @@ class StudentProvenance(BaseModel):
         if path.is_dir():
             path = path / PROVENANCE_FILE
         try:
-            return cls.model_validate_json(path.read_bytes())
+            data = path.read_bytes()
+            kind = json.loads(data).get("kind")
         except OSError as exc:
-            raise ProvenanceError(f"{path}: {exc.strerror or exc}") from None
+            raise ProvenanceError(f"{path} cannot be read: {exc.strerror or exc}") from None
+        except (ValueError, AttributeError) as exc:
+            raise ProvenanceError(f"{path} cannot be read: not a JSON object: {exc}") from None
+        if kind != STUDENT_KIND:
+            raise ProvenanceError(f"{path} is of kind {kind!r}; this laneway reads {STUDENT_KIND}")
+        try:
+            return cls.model_validate_json(data)
         except ValidationError as exc:
-            raise ProvenanceError(f"{path}: not a student provenance: {exc}") from None
+            raise ProvenanceError(
+                f"{path} cannot be read: not a student provenance: {exc}"
+            ) from None
