@@ -171,6 +171,10 @@ class LaneWorker:
         waiting ~30 s on two cores, ``laneway bench chaos``); joining once it
         can answer, its replica keeps every partition meanwhile."""
         await self._warm_up()
+        # Ready (``/readyz``) once it has also joined: a stack that waits for
+        # its workers to be ready then finds them in their group and, from
+        # their first heartbeat on, on the worker board.
+        ready, self.state.ready = self.state.ready, False
         options = self.settings.kafka.client_options()
         self._producer = AIOKafkaProducer(
             acks="all",
@@ -194,6 +198,7 @@ class LaneWorker:
         if self.cancel_watch is not None:
             await self.cancel_watch.start()
         IN_FLIGHT.labels(self.lane).set(0)  # listed from the start: 0, not unknown
+        self.state.ready = ready
         log.info("%s worker started on %s", self.lane, self.topic)
 
     async def _warm_up(self) -> None:
