@@ -63,6 +63,7 @@ __all__ = [
     "Chaos",
     "CountingClient",
     "FaultWindow",
+    "Plan",
     "Sent",
     "Tally",
     "add_arguments",
@@ -388,17 +389,30 @@ def chaos_env(prefix: str, cluster_url: str) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a chaos run does: its faults in turn, the traffic, and how long
+    each step may take."""
+
+    faults: Sequence[str]
+    rate: float
+    """Requests per second, answered or not."""
+    max_tokens: int
+    before_s: float
+    """Traffic before the first fault: the p99 the faults are judged against."""
+    window_s: float
+    """Each fault's window, from the fault on (longer when the part takes
+    longer to come back)."""
+    stop_s: float
+    """How long a worker stays stopped (past its session timeout)."""
+    restart_timeout_s: float
+    drain_timeout_s: float
+
+
 def run_chaos(
     settings: Settings,
-    faults: Sequence[str],
+    plan: Plan,
     *,
-    rate: float,
-    max_tokens: int,
-    before_s: float,
-    window_s: float,
-    stop_s: float,
-    restart_timeout_s: float,
-    drain_timeout_s: float,
     log_path: Path | None,
     lanes: tuple[Lane, ...] = LANES,
     env: dict[str, str] | None = None,
@@ -434,20 +448,7 @@ def run_chaos(
         stack.start(ready_timeout_s=start_timeout_s)
         try:
             with stack.supervising():
-                return asyncio.run(
-                    _scenario(
-                        stack,
-                        cluster,
-                        faults,
-                        rate=rate,
-                        max_tokens=max_tokens,
-                        before_s=before_s,
-                        window_s=window_s,
-                        stop_s=stop_s,
-                        restart_timeout_s=restart_timeout_s,
-                        drain_timeout_s=drain_timeout_s,
-                    )
-                )
+                return asyncio.run(_scenario(stack, cluster, plan))
         finally:
             for child in stack.children:  # a stopped worker could not hear SIGTERM
                 if child.alive() and child.pid is not None:
@@ -456,36 +457,22 @@ def run_chaos(
             stack.stop()
 
 
-async def _scenario(
-    stack: Any,
-    cluster: Any,
-    faults: Sequence[str],
-    *,
-    rate: float,
-    max_tokens: int,
-    before_s: float,
-    window_s: float,
-    stop_s: float,
-    restart_timeout_s: float,
-    drain_timeout_s: float,
-) -> Chaos:
+async def _scenario(stack: Any, cluster: Any, plan: Plan) -> Chaos:
     settings = stack.settings
     client = CountingClient(settings.kafka, client_id=f"chaos-{uuid.uuid4().hex[:6]}")
     async with client:
         # One answer from the classifier and from each lane before the clock
         # starts (a first reply to a new topic waits on its metadata).
-        await warm_up(client, timeout_s=restart_timeout_s)
-        traffic = Traffic(client, rate, max_tokens)
+        await warm_up(client, timeout_s=plan.restart_timeout_s)
+        traffic = Traffic(client, plan.rate, plan.max_tokens)
         sender = asyncio.create_task(traffic.run())
         windows: list[FaultWindow] = []
         try:
-            await asyncio.sleep(before_s)
+            await asyncio.sleep(plan.before_s)
             before = FaultWindow("before", 0.0, traffic.now(), 0.0)
             print(f"chaos: {len(traffic.sent)} requests sent before the first fault")
-            for fault in faults:
-                window = await _inflict(
-                    fault, stack, cluster, traffic, window_s, stop_s, restart_timeout_s
-                )
+            for fault in plan.faults:
+                window = await _inflict(fault, stack, cluster, traffic, plan)
                 windows.append(window)
                 print(
                     f"chaos: {fault} back after {window.back_after_s:.1f} s; "
@@ -494,13 +481,13 @@ async def _scenario(
         finally:
             traffic.stop()
             await sender
-        lost = await traffic.drain(drain_timeout_s)
+        lost = await traffic.drain(plan.drain_timeout_s)
         # A redelivered batch's second reply may come after the first: a
         # moment for late copies before the client stops reading.
         await asyncio.sleep(LATE_COPIES_S)
     replies = client.replies
     counted = tally(traffic.sent, replies, windows, also_known=_warm_ids(replies, traffic.sent))
-    print(f"chaos: {lost} answers still missing after {drain_timeout_s:.0f} s of draining")
+    print(f"chaos: {lost} answers still missing after {plan.drain_timeout_s:.0f} s of draining")
     restarts = {c.name: c.restarts for c in stack.children if c.restarts}
     return Chaos(counted, before, windows, traffic.sent, restarts)
 
@@ -514,9 +501,7 @@ async def _inflict(
     stack: Any,
     cluster: Any,
     traffic: Traffic,
-    window_s: float,
-    stop_s: float,
-    restart_timeout_s: float,
+    plan: Plan,
 ) -> FaultWindow:
     """Do ``fault``, wait until the part is back (bounded), and let the
     traffic run on to the end of the window."""
@@ -525,21 +510,21 @@ async def _inflict(
         # The default tenant's bucket: every classifier round writes it.
         bucket = f"{stack.settings.redis.key_prefix}:ratelimit:-"
         dead = await asyncio.to_thread(cluster.kill_primary, bucket)
-        await asyncio.to_thread(cluster.wait_failover, bucket, dead, restart_timeout_s)
+        await asyncio.to_thread(cluster.wait_failover, bucket, dead, plan.restart_timeout_s)
     elif fault == "worker-stop":
         child = stack.child(STOPPED_WORKER)
         os.kill(child.pid, signal.SIGSTOP)
         try:
-            await asyncio.sleep(stop_s)
+            await asyncio.sleep(plan.stop_s)
         finally:
             os.kill(child.pid, signal.SIGCONT)
     else:
         child = stack.child(fault)
         restarts = child.restarts
         os.kill(child.pid, signal.SIGKILL)
-        await asyncio.to_thread(stack.wait_restarted, child, restarts, restart_timeout_s)
+        await asyncio.to_thread(stack.wait_restarted, child, restarts, plan.restart_timeout_s)
     back = traffic.now() - start
-    await asyncio.sleep(max(0.0, window_s - back))
+    await asyncio.sleep(max(0.0, plan.window_s - back))
     return FaultWindow(fault, start, traffic.now(), back)
 
 
@@ -623,8 +608,7 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
             f"--stop-s {args.stop_s} must be past the workers' {SESSION_TIMEOUT_S:.0f} s "
             "session timeout"
         )
-    chaos = run_chaos(
-        settings,
+    plan = Plan(
         faults,
         rate=args.rate,
         max_tokens=args.max_tokens,
@@ -633,8 +617,8 @@ def run(settings: Settings, args: argparse.Namespace) -> BenchRun:
         stop_s=args.stop_s,
         restart_timeout_s=args.restart_timeout_s,
         drain_timeout_s=args.drain_timeout_s,
-        log_path=args.log_file,
     )
+    chaos = run_chaos(settings, plan, log_path=args.log_file)
     print(
         f"\nlaneway bench chaos: {args.rate:g} req/s (4 rule, 3 cache, 3 model of every 10), "
         f"max_tokens {args.max_tokens}; 2 classifiers, 2 routers, 2 batch trackers, "

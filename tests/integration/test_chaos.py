@@ -17,7 +17,7 @@ import pytest
 
 from schemas.messages import Lane
 from schemas.settings import Settings
-from streams.bench.chaos import report, run_chaos
+from streams.bench.chaos import Plan, report, run_chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -34,8 +34,7 @@ SMALL = {
 
 
 def test_replicas_under_faults_lose_nothing(tmp_path: Path) -> None:
-    chaos = run_chaos(
-        Settings(),
+    plan = Plan(
         FAULTS,
         rate=3.0,
         max_tokens=4,
@@ -44,6 +43,10 @@ def test_replicas_under_faults_lose_nothing(tmp_path: Path) -> None:
         stop_s=12.0,
         restart_timeout_s=180.0,
         drain_timeout_s=120.0,
+    )
+    chaos = run_chaos(
+        Settings(),
+        plan,
         log_path=tmp_path / "chaos.log",
         lanes=LANES,
         env=SMALL,
